@@ -1,0 +1,3 @@
+from ggufsmith.cli import main
+
+raise SystemExit(main())

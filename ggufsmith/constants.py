@@ -1,0 +1,364 @@
+"""Every number and name of the GGUF format that the rest of ggufsmith refers to.
+
+One module so that no key string, type id or block size is spelled twice in the code base.
+Sources: the GGUF spec (the contract) and llama.cpp's loader where the spec is silent or differs;
+each such difference is marked with "llama.cpp:".
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import NamedTuple
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3  # the only version we write; the reader also accepts 1 and 2
+GGUF_DEFAULT_ALIGNMENT = 32
+GGUF_MAX_DIMS = 4
+# The spec says names are at most 64 bytes; ggml stores them in char[64] with a NUL, so 63 fit.
+GGUF_MAX_TENSOR_NAME_BYTES = 63
+GGUF_MAX_KEY_BYTES = 65535
+QK_K = 256  # super-block size of the k-quants
+GGML_QUANTIZATION_VERSION = 2  # what llama.cpp writes into general.quantization_version
+
+
+class GGMLType(IntEnum):
+    """Tensor data types (enum ggml_type). Ids 4 and 5 were removed from ggml."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    IQ1_M = 29
+    BF16 = 30
+    # Not in the spec, but written by current llama.cpp; known so that real files can be read.
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
+    NVFP4 = 40
+    Q1_0 = 41
+
+
+class TypeLayout(NamedTuple):
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+
+
+# Bytes per block follow from the block structs in ggml-common.h.
+GGML_TYPE_LAYOUT: dict[GGMLType, TypeLayout] = {
+    GGMLType.F32: TypeLayout(1, 4),
+    GGMLType.F16: TypeLayout(1, 2),
+    GGMLType.Q4_0: TypeLayout(32, 2 + 16),
+    GGMLType.Q4_1: TypeLayout(32, 2 + 2 + 16),
+    GGMLType.Q5_0: TypeLayout(32, 2 + 4 + 16),
+    GGMLType.Q5_1: TypeLayout(32, 2 + 2 + 4 + 16),
+    GGMLType.Q8_0: TypeLayout(32, 2 + 32),
+    GGMLType.Q8_1: TypeLayout(32, 2 + 2 + 32),  # gguf-py says 40 (an old float layout); ggml says 36
+    GGMLType.Q2_K: TypeLayout(QK_K, 2 + 2 + QK_K // 16 + QK_K // 4),
+    GGMLType.Q3_K: TypeLayout(QK_K, 2 + QK_K // 4 + QK_K // 8 + 12),
+    GGMLType.Q4_K: TypeLayout(QK_K, 2 + 2 + QK_K // 2 + 12),
+    GGMLType.Q5_K: TypeLayout(QK_K, 2 + 2 + QK_K // 2 + QK_K // 8 + 12),
+    GGMLType.Q6_K: TypeLayout(QK_K, 2 + QK_K // 16 + 3 * QK_K // 4),
+    GGMLType.Q8_K: TypeLayout(QK_K, 4 + QK_K + QK_K // 8),
+    GGMLType.IQ2_XXS: TypeLayout(QK_K, 2 + QK_K // 4),
+    GGMLType.IQ2_XS: TypeLayout(QK_K, 2 + QK_K // 4 + QK_K // 32),
+    GGMLType.IQ3_XXS: TypeLayout(QK_K, 2 + QK_K // 4 + QK_K // 8),
+    GGMLType.IQ1_S: TypeLayout(QK_K, 2 + QK_K // 8 + QK_K // 16),
+    GGMLType.IQ4_NL: TypeLayout(32, 2 + 16),
+    GGMLType.IQ3_S: TypeLayout(QK_K, 2 + QK_K // 4 + QK_K // 8 + QK_K // 32 + 4),
+    GGMLType.IQ2_S: TypeLayout(QK_K, 2 + QK_K // 4 + QK_K // 16),
+    GGMLType.IQ4_XS: TypeLayout(QK_K, 2 + 2 + QK_K // 2 + QK_K // 64),
+    GGMLType.I8: TypeLayout(1, 1),
+    GGMLType.I16: TypeLayout(1, 2),
+    GGMLType.I32: TypeLayout(1, 4),
+    GGMLType.I64: TypeLayout(1, 8),
+    GGMLType.F64: TypeLayout(1, 8),
+    GGMLType.IQ1_M: TypeLayout(QK_K, QK_K // 8 + QK_K // 16 + QK_K // 32),
+    GGMLType.BF16: TypeLayout(1, 2),
+    GGMLType.TQ1_0: TypeLayout(QK_K, 2 + QK_K // 64 + (QK_K - QK_K // 16) // 5),
+    GGMLType.TQ2_0: TypeLayout(QK_K, 2 + 64),
+    GGMLType.MXFP4: TypeLayout(32, 1 + 16),
+    GGMLType.NVFP4: TypeLayout(64, 4 + 32),
+    GGMLType.Q1_0: TypeLayout(128, 2 + 16),
+}
+
+
+def tensor_nbytes(ggml_type: GGMLType, n_elements: int, row_length: int | None = None) -> int:
+    """Bytes that `n_elements` of `ggml_type` occupy. Rows must be whole blocks."""
+    layout = GGML_TYPE_LAYOUT[GGMLType(ggml_type)]
+    row_length = n_elements if row_length is None else row_length
+    if row_length % layout.block_size or n_elements % layout.block_size:
+        raise ValueError(
+            f"{GGMLType(ggml_type).name} needs rows of a multiple of {layout.block_size} elements, got {row_length}"
+        )
+    return n_elements // layout.block_size * layout.type_size
+
+
+class GGUFValueType(IntEnum):
+    """Metadata value types (enum gguf_metadata_value_type)."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+# struct format characters (without byte order) of the fixed-size value types.
+GGUF_VALUE_STRUCT: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
+}
+
+
+class FileType(IntEnum):
+    """Values of general.file_type (llama.cpp's enum llama_ftype; ids it retired are absent)."""
+
+    ALL_F32 = 0
+    MOSTLY_F16 = 1
+    MOSTLY_Q4_0 = 2
+    MOSTLY_Q4_1 = 3
+    MOSTLY_Q8_0 = 7
+    MOSTLY_Q5_0 = 8
+    MOSTLY_Q5_1 = 9
+    MOSTLY_Q2_K = 10
+    MOSTLY_Q3_K_S = 11
+    MOSTLY_Q3_K_M = 12
+    MOSTLY_Q3_K_L = 13
+    MOSTLY_Q4_K_S = 14
+    MOSTLY_Q4_K_M = 15
+    MOSTLY_Q5_K_S = 16
+    MOSTLY_Q5_K_M = 17
+    MOSTLY_Q6_K = 18
+    MOSTLY_IQ2_XXS = 19
+    MOSTLY_IQ2_XS = 20
+    MOSTLY_Q2_K_S = 21
+    MOSTLY_IQ3_XS = 22
+    MOSTLY_IQ3_XXS = 23
+    MOSTLY_IQ1_S = 24
+    MOSTLY_IQ4_NL = 25
+    MOSTLY_IQ3_S = 26
+    MOSTLY_IQ3_M = 27
+    MOSTLY_IQ2_S = 28
+    MOSTLY_IQ2_M = 29
+    MOSTLY_IQ4_XS = 30
+    MOSTLY_IQ1_M = 31
+    MOSTLY_BF16 = 32
+    MOSTLY_TQ1_0 = 36
+    MOSTLY_TQ2_0 = 37
+    MOSTLY_MXFP4_MOE = 38
+    MOSTLY_NVFP4 = 39
+    MOSTLY_Q1_0 = 40
+    GUESSED = 1024
+
+
+class TokenType(IntEnum):
+    """Values of tokenizer.ggml.token_type."""
+
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+class Keys:
+    """Standard metadata keys. Templates take the architecture: `Keys.LLM.CONTEXT_LENGTH.format(arch="llama")`,
+    or use `arch_key(Keys.LLM.CONTEXT_LENGTH, "llama")`."""
+
+    class General:
+        TYPE = "general.type"
+        ARCHITECTURE = "general.architecture"
+        QUANTIZATION_VERSION = "general.quantization_version"
+        ALIGNMENT = "general.alignment"
+        FILE_TYPE = "general.file_type"
+        NAME = "general.name"
+        AUTHOR = "general.author"
+        VERSION = "general.version"
+        ORGANIZATION = "general.organization"
+        BASENAME = "general.basename"
+        FINETUNE = "general.finetune"
+        DESCRIPTION = "general.description"
+        QUANTIZED_BY = "general.quantized_by"
+        SIZE_LABEL = "general.size_label"
+        LICENSE = "general.license"
+        LICENSE_NAME = "general.license.name"
+        LICENSE_LINK = "general.license.link"
+        URL = "general.url"
+        DOI = "general.doi"
+        UUID = "general.uuid"
+        REPO_URL = "general.repo_url"
+        SOURCE_URL = "general.source.url"
+        SOURCE_DOI = "general.source.doi"
+        SOURCE_UUID = "general.source.uuid"
+        SOURCE_REPO_URL = "general.source.repo_url"
+        BASE_MODEL_COUNT = "general.base_model.count"
+        BASE_MODEL_NAME = "general.base_model.{id}.name"
+        BASE_MODEL_AUTHOR = "general.base_model.{id}.author"
+        BASE_MODEL_VERSION = "general.base_model.{id}.version"
+        BASE_MODEL_ORGANIZATION = "general.base_model.{id}.organization"
+        BASE_MODEL_URL = "general.base_model.{id}.url"
+        BASE_MODEL_DOI = "general.base_model.{id}.doi"
+        BASE_MODEL_UUID = "general.base_model.{id}.uuid"
+        BASE_MODEL_REPO_URL = "general.base_model.{id}.repo_url"
+        TAGS = "general.tags"
+        LANGUAGES = "general.languages"
+        DATASETS = "general.datasets"
+
+    class LLM:
+        VOCAB_SIZE = "{arch}.vocab_size"
+        CONTEXT_LENGTH = "{arch}.context_length"
+        EMBEDDING_LENGTH = "{arch}.embedding_length"
+        BLOCK_COUNT = "{arch}.block_count"
+        FEED_FORWARD_LENGTH = "{arch}.feed_forward_length"
+        EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+        USE_PARALLEL_RESIDUAL = "{arch}.use_parallel_residual"
+        TENSOR_DATA_LAYOUT = "{arch}.tensor_data_layout"
+        EXPERT_COUNT = "{arch}.expert_count"
+        EXPERT_USED_COUNT = "{arch}.expert_used_count"
+        LOGIT_SCALE = "{arch}.logit_scale"
+        DECODER_START_TOKEN_ID = "{arch}.decoder_start_token_id"
+
+    class Attention:
+        HEAD_COUNT = "{arch}.attention.head_count"
+        HEAD_COUNT_KV = "{arch}.attention.head_count_kv"
+        MAX_ALIBI_BIAS = "{arch}.attention.max_alibi_bias"
+        CLAMP_KQV = "{arch}.attention.clamp_kqv"
+        KEY_LENGTH = "{arch}.attention.key_length"
+        VALUE_LENGTH = "{arch}.attention.value_length"
+        LAYERNORM_EPS = "{arch}.attention.layer_norm_epsilon"
+        LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
+        CAUSAL = "{arch}.attention.causal"
+        SLIDING_WINDOW = "{arch}.attention.sliding_window"
+        # Spec names for mpt and falcon that llama.cpp does not read (it reads the two above).
+        ALIBI_BIAS_MAX = "{arch}.attention.alibi_bias_max"
+        CLIP_KQV = "{arch}.attention.clip_kqv"
+        USE_NORM = "{arch}.attention.use_norm"
+
+    class Rope:
+        DIMENSION_COUNT = "{arch}.rope.dimension_count"
+        FREQ_BASE = "{arch}.rope.freq_base"
+        SCALE = "{arch}.rope.scale"
+        SCALE_LINEAR = "{arch}.rope.scale_linear"
+        SCALING_TYPE = "{arch}.rope.scaling.type"
+        SCALING_FACTOR = "{arch}.rope.scaling.factor"
+        SCALING_ATTN_FACTOR = "{arch}.rope.scaling.attn_factor"
+        SCALING_ORIG_CTX_LEN = "{arch}.rope.scaling.original_context_length"
+        SCALING_FINETUNED = "{arch}.rope.scaling.finetuned"
+        SCALING_YARN_LOG_MUL = "{arch}.rope.scaling.yarn_log_multiplier"
+        SCALING_YARN_BETA_FAST = "{arch}.rope.scaling.yarn_beta_fast"
+        SCALING_YARN_BETA_SLOW = "{arch}.rope.scaling.yarn_beta_slow"
+
+    class SSM:
+        CONV_KERNEL = "{arch}.ssm.conv_kernel"
+        INNER_SIZE = "{arch}.ssm.inner_size"
+        STATE_SIZE = "{arch}.ssm.state_size"
+        TIME_STEP_RANK = "{arch}.ssm.time_step_rank"
+        DT_B_C_RMS = "{arch}.ssm.dt_b_c_rms"
+
+    class RWKV:
+        ARCHITECTURE_VERSION = "{arch}.architecture_version"
+        RESCALE_EVERY_N_LAYERS = "{arch}.rescale_every_n_layers"
+
+    class Whisper:
+        ENCODER_CONTEXT_LENGTH = "{arch}.encoder.context_length"
+        ENCODER_EMBEDDING_LENGTH = "{arch}.encoder.embedding_length"
+        ENCODER_BLOCK_COUNT = "{arch}.encoder.block_count"
+        ENCODER_MELS_COUNT = "{arch}.encoder.mels_count"
+        ENCODER_HEAD_COUNT = "{arch}.encoder.attention.head_count"
+        DECODER_CONTEXT_LENGTH = "{arch}.decoder.context_length"
+        DECODER_EMBEDDING_LENGTH = "{arch}.decoder.embedding_length"
+        DECODER_BLOCK_COUNT = "{arch}.decoder.block_count"
+        DECODER_HEAD_COUNT = "{arch}.decoder.attention.head_count"
+
+    class Tokenizer:
+        MODEL = "tokenizer.ggml.model"
+        PRE = "tokenizer.ggml.pre"
+        TOKENS = "tokenizer.ggml.tokens"
+        TOKEN_TYPE = "tokenizer.ggml.token_type"
+        TOKEN_TYPE_COUNT = "tokenizer.ggml.token_type_count"
+        SCORES = "tokenizer.ggml.scores"
+        MERGES = "tokenizer.ggml.merges"
+        ADDED_TOKENS = "tokenizer.ggml.added_tokens"
+        BOS_ID = "tokenizer.ggml.bos_token_id"
+        EOS_ID = "tokenizer.ggml.eos_token_id"
+        EOT_ID = "tokenizer.ggml.eot_token_id"
+        EOM_ID = "tokenizer.ggml.eom_token_id"
+        UNK_ID = "tokenizer.ggml.unknown_token_id"
+        # llama.cpp: reads the misspelled "seperator"; the spec's "separator" is ignored by it.
+        SEP_ID = "tokenizer.ggml.seperator_token_id"
+        PAD_ID = "tokenizer.ggml.padding_token_id"
+        MASK_ID = "tokenizer.ggml.mask_token_id"
+        CLS_ID = "tokenizer.ggml.cls_token_id"
+        FIM_PRE_ID = "tokenizer.ggml.fim_pre_token_id"
+        FIM_SUF_ID = "tokenizer.ggml.fim_suf_token_id"
+        FIM_MID_ID = "tokenizer.ggml.fim_mid_token_id"
+        FIM_PAD_ID = "tokenizer.ggml.fim_pad_token_id"
+        FIM_REP_ID = "tokenizer.ggml.fim_rep_token_id"
+        FIM_SEP_ID = "tokenizer.ggml.fim_sep_token_id"
+        ADD_BOS = "tokenizer.ggml.add_bos_token"
+        ADD_EOS = "tokenizer.ggml.add_eos_token"
+        ADD_SEP = "tokenizer.ggml.add_sep_token"
+        ADD_PREFIX = "tokenizer.ggml.add_space_prefix"
+        REMOVE_EXTRA_WS = "tokenizer.ggml.remove_extra_whitespaces"
+        PRECOMPILED_CHARSMAP = "tokenizer.ggml.precompiled_charsmap"
+        HF_JSON = "tokenizer.huggingface.json"
+        RWKV_WORLD = "tokenizer.rwkv.world"
+        CHAT_TEMPLATE = "tokenizer.chat_template"
+        CHAT_TEMPLATE_NAMED = "tokenizer.chat_template.{name}"
+        CHAT_TEMPLATES = "tokenizer.chat_templates"
+
+    class Split:
+        NO = "split.no"
+        COUNT = "split.count"
+        TENSORS_COUNT = "split.tensors.count"
+
+    class Imatrix:
+        CHUNK_COUNT = "imatrix.chunk_count"
+        CHUNK_SIZE = "imatrix.chunk_size"
+        DATASETS = "imatrix.datasets"
+
+
+def arch_key(template: str, arch: str) -> str:
+    """Fill the architecture into a key template such as Keys.LLM.CONTEXT_LENGTH."""
+    return template.format(arch=arch)
