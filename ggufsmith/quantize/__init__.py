@@ -1,0 +1,19 @@
+"""Quantization to and from every GGML type ggufsmith supports, in vectorized numpy.
+
+Importing this package registers every family module with the registry; the rest of ggufsmith
+calls `quantize`, `dequantize` and `get_format` and never keeps a table of its own.
+"""
+
+from ggufsmith.quantize.registry import (
+    QuantFormat,
+    dequantize,
+    get_format,
+    quantize,
+    register,
+    supported_types,
+)
+
+# One module per quant family; each registers its types on import.
+from ggufsmith.quantize import float_types  # noqa: E402,F401  F32, F16, BF16
+
+__all__ = ["QuantFormat", "dequantize", "get_format", "quantize", "register", "supported_types"]
