@@ -46,10 +46,7 @@ def read_torch_bin(path: Path) -> dict[str, LazyTensor]:
         # Files in torch's legacy (pre-zip) format cannot be memory-mapped; read them whole.
         state = _load_unmapped(torch, path)
     except Exception as e:  # UnpicklingError from weights_only, truncated zip, ...
-        raise ConversionError(
-            f"{path}: torch.load(weights_only=True) refused it ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
-            "ggufsmith never runs code from a checkpoint"
-        ) from None
+        raise _refused(path, e) from None
     if not isinstance(state, dict):
         raise ConversionError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors")
     names = _dtype_names(torch)
@@ -67,7 +64,15 @@ def _load_unmapped(torch, path: Path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise ConversionError(f"{path}: torch cannot read it ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+        raise _refused(path, e) from None
+
+
+def _refused(path: Path, e: Exception) -> ConversionError:
+    reason = " ".join(str(e).split())[:200]
+    return ConversionError(
+        f"{path}: torch.load(weights_only=True) cannot read it ({type(e).__name__}: {reason}); "
+        "ggufsmith never runs code from a checkpoint: re-save it as safetensors from a trusted environment"
+    )
 
 
 def _lazy(torch, tensor, dtype_name: str, source: str) -> RowSlicedTensor:
