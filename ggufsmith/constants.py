@@ -61,6 +61,7 @@ class GGMLType(IntEnum):
     MXFP4 = 39
     NVFP4 = 40
     Q1_0 = 41
+    Q2_0 = 42
 
 
 class TypeLayout(NamedTuple):
@@ -104,6 +105,7 @@ GGML_TYPE_LAYOUT: dict[GGMLType, TypeLayout] = {
     GGMLType.MXFP4: TypeLayout(32, 1 + 16),
     GGMLType.NVFP4: TypeLayout(64, 4 + 32),
     GGMLType.Q1_0: TypeLayout(128, 2 + 16),
+    GGMLType.Q2_0: TypeLayout(64, 2 + 64 // 4),
 }
 
 
