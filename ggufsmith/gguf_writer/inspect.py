@@ -101,7 +101,7 @@ def check_file_name(name: str) -> dict[str, Any]:
     match = NAMING_CONVENTION.match(name)
     if not match:
         return {"follows_convention": False, "parts": {}}
-    return {"follows_convention": True, "parts": {p: match.group(p) for p in NAMING_PARTS if match.group(p)}}
+    return {"follows_convention": True, "parts": {p: match.group(p) for p in NAMING_PARTS if match.group(p) is not None}}
 
 
 def llama_cpp_warnings(reader: GGUFReader) -> list[str]:
