@@ -30,9 +30,11 @@ def nearest_int(values: np.ndarray) -> np.ndarray:
 
 
 def signed_max_abs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x|, the x that has it) per group; the first of equal magnitudes wins, and a group
-    of zeros gives +0.0, as ggml's `if (ax > amax) { amax = ax; max = x; }` starting from 0."""
+    """(largest |x|, the x that has it) per group along axis 0; the first of equal magnitudes wins,
+    a group of zeros gives +0.0, and NaN never wins (a scale can be NaN after float32 overflow), as
+    ggml's `if (ax > amax) { amax = ax; max = x; }` starting from 0."""
     ax = np.abs(x)
+    ax[np.isnan(ax)] = 0
     first = np.argmax(ax, axis=0)
     amax = np.take_along_axis(ax, first[None], axis=0)[0]
     signed = np.take_along_axis(x, first[None], axis=0)[0]
@@ -47,8 +49,16 @@ def ordered_sum(terms: np.ndarray) -> np.ndarray:
     return total
 
 
-def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int) -> np.ndarray:
-    # |iscale * x| <= nmax + 1 here, so np.rint is nearest_int; levels stay float32 (exact integers).
+def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool = True) -> np.ndarray:
+    """clamp(nearest_int(iscale * x), -nmax, nmax - 1) as float32 (exact small integers).
+
+    For finite x, |iscale * x| <= nmax + 1 and np.rint is nearest_int. Group scales searched in
+    turn (Q3_K) can be NaN or Inf after float32 overflow: then only the bit-level emulation is right.
+    """
+    if not finite:
+        levels = nearest_int(iscale * x).astype(np.float32)
+        np.clip(levels, -nmax, nmax - 1, out=levels)
+        return levels
     levels = np.rint(iscale * x)
     np.clip(levels, -nmax, nmax - 1, out=levels)
     return levels
@@ -67,10 +77,11 @@ def make_qx_quants(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tupl
             weights = x * x
         weighted_x = weights * x
         amax, signed_max = signed_max_abs(x)
+        finite = bool(np.isfinite(x).all())
 
         def candidate(iscale_numerator: np.float32):
             iscale = iscale_numerator / signed_max
-            levels = _clamped_levels(iscale, x, nmax)
+            levels = _clamped_levels(iscale, x, nmax, finite)
             sum_lx = ordered_sum(weighted_x * levels)
             sum_l2 = ordered_sum(weights * levels * levels)
             return levels, sum_lx, sum_l2
