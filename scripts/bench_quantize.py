@@ -5,7 +5,8 @@
 
 Prints one row per type: MB/s of float32 input for ours, ggml's ggml_quantize_chunk (through
 ctypes from llama-cpp-python's libggml-base; single-threaded by construction) and gguf-py where it
-implements the type, the ratios, and whether our bytes equal ggml's. Run from the repository root
+implements the type (all measured as CPU time of this one-threaded process), the ratios, and
+whether our bytes equal ggml's. Run from the repository root
 with llama-cpp-python and gguf installed (the `test` extra). For one core: `taskset -c 0 python ...`.
 """
 
@@ -54,13 +55,15 @@ def _gguf_py_quantizer(ggml_type):
 
 
 def _rate(func, data: np.ndarray, repeats: int) -> tuple[float, object]:
-    """Best MB/s of float32 input over `repeats` runs, and the last result."""
+    """Best MB/s of float32 input over `repeats` runs, and the last result. CPU time of this
+    process, not wall time: every contender runs on one thread, and on a shared machine CPU time
+    is what stays comparable between runs."""
     best = float("inf")
     result = None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         result = func(data)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return data.nbytes / 1e6 / best, result
 
 

@@ -18,9 +18,11 @@ from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_symmetric import (
     GROUP_MAX_EPS,
     make_q3_quants,
+    from_position_major,
     make_qx_quants,
     nearest_int,
     signed_max_abs,
+    to_position_major,
 )
 
 GROUP = 16
@@ -40,7 +42,12 @@ def _ieee_quiet(func):
 
 def _by_position(rows: np.ndarray) -> np.ndarray:
     """float32[n_rows, row_length] -> float32[16, groups]: the k-th value of every group of 16."""
-    return np.ascontiguousarray(rows.reshape(-1, GROUP).T)
+    return to_position_major(rows.reshape(-1, GROUP))
+
+
+def _importance_by_position(importance: np.ndarray, n_rows: int) -> np.ndarray:
+    """The imatrix weight of every value, laid out as _by_position lays out the rows."""
+    return np.tile(importance.reshape(-1, GROUP).T, (1, n_rows))
 
 
 def _fp16_round_trip(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +66,7 @@ def _requantize(x: np.ndarray, levels: np.ndarray, group_scale: np.ndarray, nmax
 
 def _natural_order(levels_by_position: np.ndarray, n_blocks: int) -> np.ndarray:
     """uint8[16, groups] -> uint8[blocks, 256] in the values' original order."""
-    return np.ascontiguousarray(levels_by_position.T).reshape(n_blocks, QK_K)
+    return from_position_major(levels_by_position).reshape(n_blocks, QK_K)
 
 
 def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -80,7 +87,7 @@ def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     x = _by_position(rows)
     weights = None
     if importance is not None:
-        weights = _by_position(np.broadcast_to(importance, rows.shape))
+        weights = _importance_by_position(importance, rows.shape[0])
     group_scales, levels = make_qx_quants(x, 32, weights)
 
     amax, max_scale, by_block = _super_scale(group_scales)
@@ -148,7 +155,7 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     sum_x2 = np.cumsum(blocks * blocks, axis=1, dtype=np.float32)[:, -1]
     sigma2 = np.float32(2) * sum_x2 / np.float32(QK_K)
     sigma2_by_group = np.repeat(sigma2, GROUPS)
-    importance_by_position = _by_position(np.broadcast_to(importance, rows.shape))
+    importance_by_position = _importance_by_position(importance, rows.shape[0])
     return importance_by_position * np.sqrt(sigma2_by_group + x * x)
 
 

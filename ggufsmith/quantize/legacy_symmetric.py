@@ -17,7 +17,7 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_symmetric import make_qx_quants
+from ggufsmith.quantize.search_symmetric import from_position_major, make_qx_quants, to_position_major
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -62,10 +62,6 @@ def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
     squares = rows * rows
     sigma2 = np.cumsum(squares, axis=1, dtype=np.float32)[:, -1] / np.float32(rows.shape[1])
     return importance[None, :] * np.sqrt(sigma2[:, None] + squares)
-
-
-def _by_position(blocks: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(blocks.T)
 
 
 # --- Q8_0: int8 values, d = amax / 127 -----------------------------------------------------------
@@ -115,10 +111,10 @@ def _levels_ref(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 def _levels_weighted(rows: np.ndarray, importance: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q{4,5}_0_impl with quant_weights: make_qx_quants per block."""
     weights = _row_weights(rows, importance)
-    x = _by_position(rows.reshape(-1, BLOCK))
-    w = _by_position(weights.reshape(-1, BLOCK))
+    x = to_position_major(rows.reshape(-1, BLOCK))
+    w = to_position_major(weights.reshape(-1, BLOCK))
     d, levels = make_qx_quants(x, 1 << (bits - 1), w)
-    return d, np.ascontiguousarray(levels.T)
+    return d, from_position_major(levels)
 
 
 def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple[np.ndarray, np.ndarray]:
