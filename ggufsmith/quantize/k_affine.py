@@ -191,5 +191,62 @@ def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return _dequantize_k4(header[:, 0], header[:, 1], blocks[:, 4:16], levels, (data.shape[0], row_length))
 
 
+# ---------------------------------------------------------------- Q2_K (16 x 16)
+
+
+def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    n_super = rows.size // QK_K
+    x = _position_major(rows, 16)  # [16, n_super * 16]
+    if importance is None:
+        scales, mins, levels = make_qkx_quants(x, np.abs(x), 3, -0.5, 0.1, 15, True)
+        scales = scales.reshape(n_super, 16)
+        mins = mins.reshape(n_super, 16)
+        max_scale = _max_positive(scales)
+        max_min = _max_positive(mins)
+        with np.errstate(divide="ignore", over="ignore"):
+            inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
+            inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
+        # C stores these ints into bytes without a clamp: keep the low bits as it does.
+        ls = nearest_int(inv_scale[:, None] * scales).astype(np.uint8)
+        lm = nearest_int(inv_min[:, None] * mins).astype(np.uint8)
+        d_bits = fp16_bits(max_scale / F32(15))
+        dmin_bits = fp16_bits(max_min / F32(15))
+    else:
+        weights = _imatrix_weights(rows, importance, 16, 1)
+        sum_w = seq_sum(weights).reshape(n_super, 16).T
+        scales, mins, levels = make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, False)
+        d_block, ls = make_qp_quants(scales.reshape(n_super, 16).T, 15, sum_w)
+        m_block, lm = make_qp_quants(mins.reshape(n_super, 16).T, 15, sum_w)
+        ls = ls.T.astype(np.uint8)
+        lm = lm.T.astype(np.uint8)
+        d_bits = fp16_bits(d_block)
+        dmin_bits = fp16_bits(m_block)
+
+    packed_scales = ls | (lm << 4)
+    d = (fp16_value(d_bits)[:, None] * (packed_scales & 0x0F)).reshape(1, -1)
+    dm = (fp16_value(dmin_bits)[:, None] * (packed_scales >> 4)).reshape(1, -1)
+    levels = _requantize(x, levels, d, dm, 3)
+    # 128-weight halves: byte l holds weights l, l+32, l+64, l+96 in bits 0-1, 2-3, 4-5, 6-7
+    quarters = levels.T.reshape(n_super, 2, 4, 32).astype(np.uint8)
+    qs = quarters[:, :, 0] | (quarters[:, :, 1] << 2) | (quarters[:, :, 2] << 4) | (quarters[:, :, 3] << 6)
+    out = np.concatenate([packed_scales, qs.reshape(n_super, 64), _header(d_bits, dmin_bits)], axis=1)
+    return out.reshape(rows.shape[0], -1)
+
+
+def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
+    blocks = np.ascontiguousarray(data).reshape(-1, 84)
+    scales = blocks[:, :16]
+    qs = blocks[:, 16:80].reshape(-1, 2, 1, 32)
+    header = blocks[:, 80:84].copy().view("<u2")
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    levels = ((qs >> shifts) & 3).reshape(-1, 16, 16)  # [n, sub-block, 16]
+    d = fp16_value(header[:, 0])[:, None] * (scales & 0x0F)
+    dm = fp16_value(header[:, 1])[:, None] * (scales >> 4)
+    values = levels.astype(F32) * d[:, :, None]
+    values -= dm[:, :, None]
+    return values.reshape(data.shape[0], row_length)
+
+
 register(QuantFormat(GGMLType.Q4_K, quantize_q4_k, dequantize_q4_k, supports_importance=True))
 register(QuantFormat(GGMLType.Q5_K, quantize_q5_k, dequantize_q5_k, supports_importance=True))
+register(QuantFormat(GGMLType.Q2_K, quantize_q2_k, dequantize_q2_k, supports_importance=True))
