@@ -26,6 +26,7 @@ from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_affine import (
     F32,
+    float_exceptions_expected,
     fp16_bits,
     fp16_value,
     make_qkx_quants,
@@ -142,6 +143,7 @@ def _header(d_bits: np.ndarray, dmin_bits: np.ndarray) -> np.ndarray:
     return np.stack([d_bits, dmin_bits], axis=1).astype("<u2").view(np.uint8)
 
 
+@float_exceptions_expected
 def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 15, -1.0, 20)
     halves = levels.reshape(-1, 4, 2, 32)  # 64-weight groups: first 32 low nibbles, next 32 high
@@ -150,6 +152,7 @@ def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
+@float_exceptions_expected
 def quantize_q5_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 31, -0.5, 15)
     halves = levels.reshape(-1, 4, 2, 32)
@@ -172,6 +175,7 @@ def _dequantize_k4(d_bits, dmin_bits, scales, levels, shape) -> np.ndarray:
     return values.reshape(shape)
 
 
+@float_exceptions_expected
 def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 144)
     header = blocks[:, :4].copy().view("<u2")
@@ -180,6 +184,7 @@ def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return _dequantize_k4(header[:, 0], header[:, 1], blocks[:, 4:16], levels, (data.shape[0], row_length))
 
 
+@float_exceptions_expected
 def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 176)
     header = blocks[:, :4].copy().view("<u2")
@@ -194,6 +199,7 @@ def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
 # ---------------------------------------------------------------- Q2_K (16 x 16)
 
 
+@float_exceptions_expected
 def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_super = rows.size // QK_K
     x = _position_major(rows, 16)  # [16, n_super * 16]
@@ -233,6 +239,7 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
+@float_exceptions_expected
 def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 84)
     scales = blocks[:, :16]

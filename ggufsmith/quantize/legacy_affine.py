@@ -16,7 +16,16 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_affine import F32, first_max, first_min, fp16_bits, fp16_value, make_qkx_quants, seq_sum
+from ggufsmith.quantize.search_affine import (
+    F32,
+    first_max,
+    first_min,
+    float_exceptions_expected,
+    fp16_bits,
+    fp16_value,
+    make_qkx_quants,
+    seq_sum,
+)
 
 BLOCK = 32
 
@@ -53,6 +62,7 @@ def _header(d: np.ndarray, low: np.ndarray) -> np.ndarray:
     return np.stack([fp16_bits(d), fp16_bits(low)], axis=1).view(np.uint8)
 
 
+@float_exceptions_expected
 def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_rows = rows.shape[0]
     if importance is None:
@@ -66,6 +76,7 @@ def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(n_rows, -1)
 
 
+@float_exceptions_expected
 def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_rows = rows.shape[0]
     if importance is None:
@@ -88,6 +99,7 @@ def _dequantize(d_bits: np.ndarray, m_bits: np.ndarray, levels: np.ndarray, shap
     return values.reshape(shape)
 
 
+@float_exceptions_expected
 def dequantize_q4_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 20)
     header = blocks[:, :4].copy().view("<u2")
@@ -96,6 +108,7 @@ def dequantize_q4_1(data: np.ndarray, row_length: int) -> np.ndarray:
     return _dequantize(header[:, 0], header[:, 1], levels, (data.shape[0], row_length))
 
 
+@float_exceptions_expected
 def dequantize_q5_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 24)
     header = blocks[:, :4].copy().view("<u2")

@@ -17,11 +17,25 @@ Temporaries are a few arrays of the input's size (the registry hands us ~1M elem
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 F32 = np.float32
 GROUP_MAX_EPS = F32(1e-15)
 _MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves the rounded integer in the mantissa
+
+
+def float_exceptions_expected(function):
+    """Run `function` with numpy's float warnings off: like the C we copy, degenerate blocks (huge,
+    subnormal, all zero) produce inf and NaN on the way to a well-defined result."""
+
+    @functools.wraps(function)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return function(*args, **kwargs)
+
+    return quiet
 
 
 def nearest_int(values: np.ndarray) -> np.ndarray:
