@@ -94,6 +94,13 @@ def _first_zero_sign(x: np.ndarray, extreme: np.ndarray, axis: int) -> None:
         extreme[zero] = lanes[first, np.arange(zero.size)]
 
 
+# Blocks searched together: small enough that the search's arrays stay in the CPU's L2 cache,
+# large enough that numpy's per-call overhead is amortized.
+SEARCH_BATCH_ELEMENTS = 1 << 16
+# nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
+_NEAREST_INT_EXACT = F32(4194303)
+
+
 def make_qkx_quants(
     x: np.ndarray,
     weights: np.ndarray,
@@ -109,65 +116,101 @@ def make_qkx_quants(
     nstep+1 candidate scales and refitting scale and min by weighted least squares. Returns
     (scale[blocks], the_min[blocks], L[n, blocks] as float32).
     """
-    x = np.ascontiguousarray(x, dtype=F32)
-    w = np.ascontiguousarray(weights, dtype=F32)
-    fnmax = F32(nmax)
+    n, n_blocks = x.shape
+    batch = max(8, SEARCH_BATCH_ELEMENTS // n)
+    if n_blocks <= batch:
+        return _search_batch(np.ascontiguousarray(x, dtype=F32), np.ascontiguousarray(weights, dtype=F32),
+                             nmax, rmin, rdelta, nstep, use_mad)
+    scale = np.empty(n_blocks, dtype=F32)
+    the_min = np.empty(n_blocks, dtype=F32)
+    levels = np.empty((n, n_blocks), dtype=F32)
+    for start in range(0, n_blocks, batch):
+        part = slice(start, start + batch)
+        scale[part], the_min[part], levels[:, part] = _search_batch(
+            np.ascontiguousarray(x[:, part], dtype=F32), np.ascontiguousarray(weights[:, part], dtype=F32),
+            nmax, rmin, rdelta, nstep, use_mad,
+        )
+    return scale, the_min, levels
 
+
+def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
+    fnmax = F32(nmax)
     low = first_min(x)
     high = np.maximum.reduce(x, axis=0)
+    lowest = low.copy()  # the data's minimum, for bounding |x - min| below
     sum_w = seq_sum(w)
     sum_x = seq_sum(w * x)
     low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
     flat = high == low
     flat_min = low[flat]
+    live = ~flat  # flat blocks return early in C; their arithmetic here is discarded
 
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        span = high - low
-        iscale = fnmax / span
-        scale = F32(1) / iscale
-        levels = nearest_int_clipped(iscale * (x - low), 0, nmax)
-        best_error = _weighted_error(scale, levels, low, x, w, use_mad)
-        if nstep >= 1:
-            for step in range(nstep + 1):
-                trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
-                trial = nearest_int_clipped(trial_iscale * (x - low), 0, nmax)
-                wl = w * trial
-                sum_l = seq_sum(wl)
-                sum_l2 = seq_sum(wl * trial)
-                sum_xl = seq_sum(wl * x)
-                det = sum_w * sum_l2 - sum_l * sum_l
-                this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-                this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-                positive_min = this_min > 0
-                if positive_min.any():
-                    this_min[positive_min] = 0
-                    this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
-                error = _weighted_error(this_scale, trial, this_min, x, w, use_mad)
-                better = (det > 0) & (error < best_error)
-                if better.any():
-                    np.copyto(levels, trial, where=better)
-                    best_error = np.where(better, error, best_error)
-                    scale = np.where(better, this_scale, scale)
-                    low = np.where(better, this_min, low)
+    buf = np.empty_like(x)
+    tmp = np.empty_like(x)
 
+    def levels_into(out, iscale, low):
+        """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32."""
+        np.subtract(x, low, out=out)
+        np.multiply(out, iscale, out=out)
+        # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
+        # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
+        reach = np.maximum(high - low, low - lowest) * np.abs(iscale)
+        if (reach[live] <= _NEAREST_INT_EXACT).all():
+            np.rint(out, out=out)
+            np.clip(out, 0, fnmax, out=out)
+        else:
+            out[...] = nearest_int_clipped(out, 0, nmax)
+        return out
+
+    def error_of(scale, levels, low):
+        """Sum over the block of w * |diff| (or w * diff^2), diff = scale*L + min - x, in C order."""
+        diff = np.multiply(levels, scale, out=tmp)
+        diff += low
+        diff -= x
+        if use_mad:
+            np.abs(diff, out=diff)
+        else:
+            np.multiply(diff, diff, out=diff)
+        diff *= w
+        return seq_sum(diff)
+
+    iscale = fnmax / (high - low)
+    scale = F32(1) / iscale
+    best_iscale, best_low = iscale, low  # what the kept levels were rounded with
+    best_error = error_of(scale, levels_into(buf, iscale, low), low)
+    if nstep >= 1:
+        for step in range(nstep + 1):
+            trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
+            trial = levels_into(buf, trial_iscale, low)
+            np.multiply(w, trial, out=tmp)
+            sum_l = seq_sum(tmp)
+            tmp *= trial
+            sum_l2 = seq_sum(tmp)
+            np.multiply(w, trial, out=tmp)
+            tmp *= x
+            sum_xl = seq_sum(tmp)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            positive_min = this_min > 0
+            if positive_min.any():
+                this_min[positive_min] = 0
+                this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
+            error = error_of(this_scale, trial, this_min)
+            better = (det > 0) & (error < best_error)
+            if better.any():
+                best_iscale = np.where(better, trial_iscale, best_iscale)
+                best_low = np.where(better, low, best_low)
+                best_error = np.where(better, error, best_error)
+                scale = np.where(better, this_scale, scale)
+                low = np.where(better, this_min, low)
+
+    levels = levels_into(np.empty_like(x), best_iscale, best_low)
     if flat.any():
         levels[:, flat] = 0
         scale = np.where(flat, F32(0), scale)
         low[flat] = flat_min
     return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
-
-
-def _weighted_error(scale, levels, low, x, w, use_mad: bool) -> np.ndarray:
-    """Sum of w * |diff| (or w * diff^2) with diff = scale*L + min - x, in C order."""
-    diff = scale * levels
-    diff += low
-    diff -= x
-    if use_mad:
-        np.abs(diff, out=diff)
-    else:
-        diff *= diff
-    diff *= w
-    return seq_sum(diff)
 
 
 def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
