@@ -84,3 +84,132 @@ def load_llama_vocab(path: Path):
     import llama_cpp
 
     return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+# --- SentencePiece -------------------------------------------------------------------------------
+
+SP_USER_DEFINED = ["<tool>", "myword"]
+SP_CONTROL = ["<|im_start|>", "<|im_end|>"]
+
+
+def train_sentencepiece(model_dir: Path, model_type: str = "bpe", vocab_size: int = 1200, **options) -> Path:
+    """A SentencePiece model saved as tokenizer.model + tokenizer_config.json for LlamaTokenizer."""
+    import io
+
+    import sentencepiece as spm
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    settings = dict(
+        model_type=model_type,
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        user_defined_symbols=SP_USER_DEFINED,
+        control_symbols=SP_CONTROL,
+        normalization_rule_name="identity",
+        character_coverage=0.9995,
+        hard_vocab_limit=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        minloglevel=2,
+    )
+    settings.update(options)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(training_text()), model_writer=buffer, **settings)
+    (model_dir / "tokenizer.model").write_bytes(buffer.getvalue())
+    # legacy=True: a space prefix after special tokens, the behaviour llama.cpp's SPM tokenizer has.
+    write_tokenizer_config(
+        model_dir,
+        tokenizer_class="LlamaTokenizer",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        add_bos_token=True,
+        add_eos_token=False,
+        legacy=True,
+    )
+    return model_dir
+
+
+# --- byte-level BPE (tokenizer.json) -------------------------------------------------------------
+
+# style -> (split regexes before ByteLevel, ByteLevel use_regex, ignore_merges, special tokens)
+BPE_STYLES = {
+    "llama3": dict(splits=["LLAMA3_REGEX"], use_regex=False, ignore_merges=True, bos="<|begin_of_text|>",
+                   specials=["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>",
+                             "<|end_header_id|>", "<|eom_id|>"]),
+    "gpt2": dict(splits=[], use_regex=True, ignore_merges=False, bos=None, specials=["<|endoftext|>"],
+                 string_merges=True),
+    "qwen2": dict(splits=["QWEN2_REGEX"], use_regex=False, ignore_merges=False, bos=None, nfc=True,
+                  specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>",
+                            "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]),
+    "starcoder": dict(splits=["DIGITS"], use_regex=True, ignore_merges=False, bos=None,
+                      specials=["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>"]),
+    "gpt-4o": dict(splits=["GPT4O_REGEX"], use_regex=False, ignore_merges=False, bos=None,
+                   specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"]),
+    "tekken": dict(splits=["TEKKEN_REGEX"], use_regex=False, ignore_merges=True, bos="<s>",
+                   specials=["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]),
+    "deepseek-coder": dict(splits=["DEEPSEEK_CODER"], use_regex=False, ignore_merges=False, bos="<｜begin▁of▁sentence｜>",
+                           specials=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜fim▁hole｜>",
+                                     "<｜fim▁begin｜>", "<｜fim▁end｜>"]),
+}
+BPE_USER_DEFINED = ["myword"]
+
+
+def _split_steps(names: list[str]):
+    from tokenizers import Regex, pre_tokenizers
+
+    from ggufsmith.converters.tokenizer import pretokenizer as pt
+
+    steps = []
+    for name in names:
+        if name == "DIGITS":
+            steps.append(pre_tokenizers.Digits(individual_digits=True))
+        elif name == "DEEPSEEK_CODER":
+            for regex in pt.DEEPSEEK_CODER_REGEXES[:-1]:
+                steps.append(pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+            steps.append(pre_tokenizers.Digits(individual_digits=True))
+        else:
+            steps.append(pre_tokenizers.Split(Regex(getattr(pt, name)), behavior="isolated"))
+    return steps
+
+
+def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
+    """A byte-level BPE tokenizer of the given pre-tokenizer style, saved by transformers."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    spec = BPE_STYLES[style]
+    tokenizer = Tokenizer(models.BPE(ignore_merges=spec["ignore_merges"]))
+    steps = _split_steps(spec["splits"])
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=spec["use_regex"]))
+    tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+    tokenizer.decoder = decoders.ByteLevel()
+    if spec.get("nfc"):
+        tokenizer.normalizer = normalizers.NFC()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=spec["specials"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_text(), trainer)
+    bos = spec["bos"]
+    if bos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    eos = spec["specials"][1] if bos else spec["specials"][0]
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos or eos, eos_token=eos)
+    fast.add_tokens(BPE_USER_DEFINED)
+    fast.save_pretrained(model_dir)
+    if spec.get("string_merges"):
+        # The older "a b" form of merges, as GPT-2 era tokenizer.json files have it.
+        path = model_dir / "tokenizer.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["model"]["merges"] = [" ".join(pair) for pair in data["model"]["merges"]]
+        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=False)
+    return model_dir
