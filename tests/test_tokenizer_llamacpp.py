@@ -19,6 +19,7 @@ from tests.tokenizer_helpers import (
     load_llama_vocab,
     train_bpe,
     train_sentencepiece,
+    write_tokenizer_config,
     write_vocab_gguf,
 )
 
@@ -176,3 +177,33 @@ def test_sentencepiece_nfkc_normalization_is_rejected(tmp_path):
     model_dir = train_sentencepiece(tmp_path, normalization_rule_name="nmt_nfkc")
     with pytest.raises(TokenizerError, match="nmt_nfkc"):
         export_tokenizer(model_dir)
+
+
+# --- add_bos / add_eos from the configuration ----------------------------------------------------
+
+
+def _copy_with_config(src, dst, **fields):
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.gguf"))
+    write_tokenizer_config(dst, **fields)
+    return dst
+
+
+@pytest.mark.parametrize("add_bos,add_eos", [(False, True), (True, True), (False, False)])
+def test_sentencepiece_add_bos_eos_follow_tokenizer_config(sp_case, tmp_path, add_bos, add_eos):
+    model_dir = _copy_with_config(sp_case[0], tmp_path / "sp", add_bos_token=add_bos, add_eos_token=add_eos)
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
+
+
+@pytest.mark.parametrize("style", ["llama3", "qwen2"])
+def test_bpe_post_processor_wins_over_tokenizer_config(tmp_path, style):
+    # transformers runs tokenizer.json's post_processor and ignores add_bos_token for these.
+    model_dir = train_bpe(tmp_path / style, style)
+    flags = not BPE_STYLES[style]["bos"]
+    write_tokenizer_config(model_dir, add_bos_token=flags, add_eos_token=flags)
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")

@@ -102,14 +102,17 @@ def text_role_ids(vocab: Vocabulary) -> dict[str, int]:
 
 
 def post_processor_adds(post_processor: Mapping[str, Any] | None, bos: str | None, eos: str | None) -> dict[str, bool]:
-    """Whether tokenizer.json's post_processor puts the bos/eos token around a single sequence."""
+    """Whether tokenizer.json's post_processor puts the bos/eos token around a single sequence
+    ({} when there is no post_processor, so the caller falls back to tokenizer_config.json)."""
     if not post_processor:
         return {}
     processors = post_processor.get("processors") if post_processor.get("type") == "Sequence" else [post_processor]
     adds: dict[str, bool] = {}
     for processor in processors or []:
         kind = processor.get("type")
-        if kind in ("RobertaProcessing", "BertProcessing"):
+        if kind == "ByteLevel":
+            adds = {"bos": False, "eos": False} | adds
+        elif kind in ("RobertaProcessing", "BertProcessing"):
             adds = {"bos": True, "eos": True}
         elif kind == "TemplateProcessing":
             single = [piece.get("SpecialToken", {}).get("id") for piece in processor.get("single", [])]
@@ -141,7 +144,13 @@ def add_special_tokens_metadata(
     from_post_processor = post_processor_adds(post_processor, bos_text, eos_text)
     for role, key, default in (("bos", Keys.Tokenizer.ADD_BOS, default_add_bos), ("eos", Keys.Tokenizer.ADD_EOS, default_add_eos)):
         configured = files.tokenizer_config.get(f"add_{role}_token")
-        value = configured if isinstance(configured, bool) else from_post_processor.get(role, default)
+        if role in from_post_processor:
+            # transformers (v5) runs tokenizer.json's post_processor as is and ignores add_<role>_token.
+            value = from_post_processor[role]
+        elif isinstance(configured, bool):
+            value = configured
+        else:
+            value = default
         if value and role not in ids:
             log.warning("%s: add_%s_token is set but there is no %s token; not adding it", vocab.source, role, role)
             value = False
