@@ -152,6 +152,10 @@ BPE_STYLES = {
     "deepseek-coder": dict(splits=["DEEPSEEK_CODER"], use_regex=False, ignore_merges=False, bos="<｜begin▁of▁sentence｜>",
                            specials=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜fim▁hole｜>",
                                      "<｜fim▁begin｜>", "<｜fim▁end｜>"]),
+    "falcon": dict(splits=["FALCON"], use_regex=None, ignore_merges=False, bos=None,
+                   specials=["<|endoftext|>", ">>TITLE<<"], clean_up=True),
+    "bloom": dict(splits=["BLOOM_REGEX"], use_regex=False, ignore_merges=False, bos=None,
+                  specials=["<unk>", "<s>", "</s>", "<pad>"], eos="</s>", clean_up=True),
 }
 BPE_USER_DEFINED = ["myword"]
 
@@ -165,6 +169,11 @@ def _split_steps(names: list[str]):
     for name in names:
         if name == "DIGITS":
             steps.append(pre_tokenizers.Digits(individual_digits=True))
+        elif name == "FALCON":
+            steps.append(pre_tokenizers.Punctuation(behavior="contiguous"))
+            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+            steps.append(pre_tokenizers.Digits(individual_digits=False))
+            steps.append(pre_tokenizers.Split(Regex("[0-9][0-9][0-9]"), behavior="isolated"))
         elif name == "DEEPSEEK_CODER":
             for regex in pt.DEEPSEEK_CODER_REGEXES[:-1]:
                 steps.append(pre_tokenizers.Split(Regex(regex), behavior="isolated"))
@@ -182,7 +191,8 @@ def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
     spec = BPE_STYLES[style]
     tokenizer = Tokenizer(models.BPE(ignore_merges=spec["ignore_merges"]))
     steps = _split_steps(spec["splits"])
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=spec["use_regex"]))
+    if spec["use_regex"] is not None:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=spec["use_regex"]))
     tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
     if spec.get("nfc"):
@@ -201,7 +211,7 @@ def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
         )
     else:
         tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    eos = spec["specials"][1] if bos else spec["specials"][0]
+    eos = spec.get("eos") or (spec["specials"][1] if bos else spec["specials"][0])
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos or eos, eos_token=eos)
     fast.add_tokens(BPE_USER_DEFINED)
     fast.save_pretrained(model_dir)
@@ -211,5 +221,5 @@ def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
         data = json.loads(path.read_text(encoding="utf-8"))
         data["model"]["merges"] = [" ".join(pair) for pair in data["model"]["merges"]]
         path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
-    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=False)
+    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=spec.get("clean_up", False))
     return model_dir
