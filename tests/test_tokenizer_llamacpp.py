@@ -207,3 +207,19 @@ def test_bpe_post_processor_wins_over_tokenizer_config(tmp_path, style):
     hf = transformers.AutoTokenizer.from_pretrained(model_dir)
     llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
     assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
+
+
+def test_every_table_name_is_one_llama_cpp_accepts(tmp_path):
+    """llama.cpp refuses to load a file whose tokenizer.ggml.pre it does not know."""
+    from ggufsmith.constants import GGUFValueType
+    from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS
+
+    metadata = export_tokenizer(train_bpe(tmp_path / "gpt2", "gpt2"))
+    n_tokens = len(metadata.get("tokenizer.ggml.tokens"))
+    for entry in PRE_TOKENIZERS:
+        metadata.replace("tokenizer.ggml.pre", entry.name, GGUFValueType.STRING)
+        llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / f"{entry.name}.gguf"))
+        assert llm.n_vocab() == n_tokens, entry.name
+    metadata.replace("tokenizer.ggml.pre", "no-such-pre-tokenizer", GGUFValueType.STRING)
+    with pytest.raises(ValueError):
+        load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "unknown.gguf"))
