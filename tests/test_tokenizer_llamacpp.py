@@ -223,3 +223,35 @@ def test_every_table_name_is_one_llama_cpp_accepts(tmp_path):
     metadata.replace("tokenizer.ggml.pre", "no-such-pre-tokenizer", GGUFValueType.STRING)
     with pytest.raises(ValueError):
         load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "unknown.gguf"))
+
+
+_TEXT_ROLE_GETTERS = {
+    "tokenizer.ggml.eot_token_id": "llama_vocab_eot",
+    "tokenizer.ggml.fim_pre_token_id": "llama_vocab_fim_pre",
+    "tokenizer.ggml.fim_suf_token_id": "llama_vocab_fim_suf",
+    "tokenizer.ggml.fim_mid_token_id": "llama_vocab_fim_mid",
+    "tokenizer.ggml.fim_pad_token_id": "llama_vocab_fim_pad",
+    "tokenizer.ggml.fim_rep_token_id": "llama_vocab_fim_rep",
+    "tokenizer.ggml.fim_sep_token_id": "llama_vocab_fim_sep",
+}
+
+
+def test_eot_and_fim_ids_are_the_ones_llama_cpp_detects(bpe_case, tmp_path):
+    """Without our eot/fim keys llama.cpp finds these tokens by their text; we must agree."""
+    style, _, _, _, metadata = bpe_case
+    stripped = type(metadata)()
+    for key, value in metadata.items():
+        if key not in _TEXT_ROLE_GETTERS:
+            stripped.add_value(key, value)
+    llm = load_llama_vocab(write_vocab_gguf(stripped, tmp_path / "stripped.gguf"))
+    vocab = llm._model.vocab
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    for key, getter in _TEXT_ROLE_GETTERS.items():
+        detected = getattr(llama_cpp, getter)(vocab)
+        ours = metadata.get(key, -1)
+        if key == "tokenizer.ggml.eot_token_id" and ours != detected:
+            # Several end-of-turn texts (Llama 3's <|end_of_text|> and <|eot_id|>): llama.cpp takes
+            # whichever its hash map yields first; we take the chat one. Both must end generation.
+            assert llama_cpp.llama_vocab_is_eog(vocab, ours) and tokens[ours] == "<|eot_id|>", style
+            continue
+        assert ours == detected, (style, key)
