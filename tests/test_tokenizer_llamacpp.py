@@ -124,6 +124,15 @@ def test_sentencepiece_tokenizes_like_transformers(sp_case):
     assert _tokenize(llm, text) == hf.encode(text, add_special_tokens=False)
 
 
+def test_sentencepiece_user_defined_symbols_stay_whole(sp_case):
+    # Typed USER_DEFINED (llama.cpp's converter leaves them NORMAL, and llama.cpp then splits them).
+    # Each symbol ends the text, since llama.cpp adds a space prefix to text after one.
+    _, sp, _, llm, _ = sp_case
+    for symbol in SP_USER_DEFINED:
+        text = f"say {symbol}"
+        assert _tokenize(llm, text) == sp.encode(text)
+
+
 def test_sentencepiece_special_tokens_like_transformers(sp_case):
     # llama.cpp puts a space prefix on every text after a special token, even one that starts with
     # a space ("▁▁"), where transformers' legacy mode adds "▁" only if there is none; so no text
