@@ -184,7 +184,7 @@ def test_unreadable_json_names_the_file(qwen2_dir):
         (lambda d: d["model"].update(type="Unigram"), "Unigram tokenizer model is not supported"),
         (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer 'Lowercase'"),
         (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}]}), "normalizer 'NFKC'"),
-        (lambda d: d["model"].update(byte_fallback=True), "byte_fallback"),
+        (lambda d: d["model"].update(byte_fallback=True), "SentencePiece-style BPE with pre-tokenizer 'Sequence'"),
         (lambda d: d["model"].update(dropout=0.1), "dropout"),
         (lambda d: d["model"].update(continuing_subword_prefix="##"), "continuing_subword_prefix"),
         (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder 'Metaspace'"),

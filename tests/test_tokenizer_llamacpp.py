@@ -264,3 +264,49 @@ def test_eot_and_fim_ids_are_the_ones_llama_cpp_detects(bpe_case, tmp_path):
             assert llama_cpp.llama_vocab_is_eog(vocab, ours) and tokens[ours] == "<|eot_id|>", style
             continue
         assert ours == detected, (style, key)
+
+
+# --- SentencePiece-style tokenizer.json (what transformers 5 saves for Llama-family tokenizers) ---
+
+
+@pytest.fixture(scope="session", params=["metaspace", "normalizer"])
+def sp_json_case(request, sp_case, tmp_path_factory):
+    """The SentencePiece model re-saved by transformers (tokenizer.json only); "normalizer" rewrites
+    its space handling in the older Prepend + Replace normalizer form."""
+    import json
+
+    model_dir = tmp_path_factory.mktemp(f"sp-json-{request.param}")
+    sp_case[2].save_pretrained(model_dir)
+    assert not (model_dir / "tokenizer.model").exists()
+    if request.param == "normalizer":
+        path = model_dir / "tokenizer.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data["pre_tokenizer"] = None
+        data["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ]}
+        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    # transformers does not save `legacy`; llama.cpp has the legacy behaviour (see train_sentencepiece).
+    write_tokenizer_config(model_dir, legacy=True)
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    metadata = export_tokenizer(model_dir)
+    llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir / "vocab.gguf"))
+    return model_dir, sp_case[1], hf, llm, metadata
+
+
+def test_sentencepiece_json_tokenizes_like_transformers_and_sentencepiece(sp_json_case):
+    _, sp, hf, llm, metadata = sp_json_case
+    assert metadata.get("tokenizer.ggml.model") == "llama"
+    text = CHECK_TEXT.lstrip()  # see test_sentencepiece_tokenizes_like_transformers
+    assert _tokenize(llm, text) == hf.encode(text, add_special_tokens=False)
+    assert _tokenize(llm, CHECK_TEXT) == sp.encode(CHECK_TEXT)
+
+
+def test_sentencepiece_json_special_tokens_and_bos(sp_json_case):
+    _, _, hf, llm, _ = sp_json_case
+    text = f"{SP_CONTROL[0]}user Grüße{SP_USER_DEFINED[0]}{SP_USER_DEFINED[1]}你好 x{SP_CONTROL[1]}\n<s>x</s>"
+    assert _tokenize(llm, text, special=True) == hf.encode(text, add_special_tokens=False)
+    assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
+    tokens = _tokenize(llm, CHECK_TEXT)
+    assert llm.detokenize(tokens).decode("utf-8") == " " + CHECK_TEXT

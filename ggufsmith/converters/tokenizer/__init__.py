@@ -1,7 +1,8 @@
 """Export a Hugging Face tokenizer directory as the `tokenizer.*` GGUF keys llama.cpp reads.
 
 Two kinds are supported:
-  "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer)
+  "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
+           or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
   "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
 Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
 """
@@ -18,6 +19,7 @@ from .chat_template import add_chat_template_metadata
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
 from .pretokenizer import identify_pre_tokenizer
 from .sentencepiece import is_sentencepiece_model, load_sentencepiece_vocabulary
+from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
 
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer"]
@@ -26,14 +28,14 @@ KINDS = ("llama", "gpt2")
 
 
 def detect_kind(model_dir: Path) -> str:
-    """"llama" if tokenizer.model is a SentencePiece model, else "gpt2" if there is a tokenizer.json."""
+    """"llama" if tokenizer.model is a SentencePiece model, else from tokenizer.json: "llama" for a
+    SentencePiece-style BPE (byte_fallback), "gpt2" for anything else (checked when exported)."""
     model_file = model_dir / TOKENIZER_MODEL
-    if model_file.is_file() and is_sentencepiece_model(model_file):
+    json_file = model_dir / TOKENIZER_JSON
+    if model_file.is_file() and (not json_file.is_file() or is_sentencepiece_model(model_file)):
         return "llama"
-    if (model_dir / TOKENIZER_JSON).is_file():
-        return "gpt2"
-    if model_file.is_file():
-        raise TokenizerError(f"{model_file}: not a SentencePiece model, and there is no {TOKENIZER_JSON} beside it")
+    if json_file.is_file():
+        return "llama" if is_sentencepiece_style(read_json_object(json_file)) else "gpt2"
     raise TokenizerError(f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL} or {TOKENIZER_JSON})")
 
 
@@ -50,9 +52,17 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
     fallback_ids: dict[str, int] = {}
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
-        if not model_file.is_file():
-            raise TokenizerError(f"{model_file}: missing; a 'llama' (SentencePiece) tokenizer needs it")
-        vocab, fallback_ids = load_sentencepiece_vocabulary(model_dir, files, model_file)
+        json_file = model_dir / TOKENIZER_JSON
+        if model_file.is_file() and is_sentencepiece_model(model_file):
+            vocab, fallback_ids = load_sentencepiece_vocabulary(model_dir, files, model_file)
+        elif json_file.is_file() and is_sentencepiece_style(tokenizer_json := read_json_object(json_file)):
+            vocab = load_sentencepiece_json_vocabulary(json_file, tokenizer_json, files)
+            post_processor = tokenizer_json.get("post_processor")
+        else:
+            raise TokenizerError(
+                f"{model_file}: missing or not SentencePiece, and no SentencePiece-style {TOKENIZER_JSON}; "
+                "a 'llama' tokenizer needs one of them"
+            )
         # transformers' LlamaTokenizer adds <s> but not </s> unless tokenizer_config.json says otherwise.
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":

@@ -21,8 +21,7 @@ _SP_PIECE_TYPES = {int(t): t for t in TokenType}
 _WHITESPACE_MARK = "\u2581"  # SentencePiece's visible space
 
 
-def load_model_proto(path: Path) -> Any:
-    """Parse tokenizer.model with the protobuf schema the sentencepiece package ships."""
+def _model_pb2(path: Path) -> Any:
     try:
         from sentencepiece import sentencepiece_model_pb2
     except ImportError as e:
@@ -30,6 +29,12 @@ def load_model_proto(path: Path) -> Any:
             f"{path}: reading a SentencePiece model needs the sentencepiece and protobuf packages "
             "(pip install 'ggufsmith[tokenizers]')"
         ) from e
+    return sentencepiece_model_pb2
+
+
+def load_model_proto(path: Path) -> Any:
+    """Parse tokenizer.model with the protobuf schema the sentencepiece package ships."""
+    sentencepiece_model_pb2 = _model_pb2(path)
     proto = sentencepiece_model_pb2.ModelProto()
     try:
         proto.ParseFromString(path.read_bytes())
@@ -41,7 +46,9 @@ def load_model_proto(path: Path) -> Any:
 
 
 def is_sentencepiece_model(path: Path) -> bool:
-    """True if `path` parses as a SentencePiece model (a tiktoken file may use the same name)."""
+    """True if `path` parses as a SentencePiece model (a tiktoken file may use the same name).
+    Raises TokenizerError if the sentencepiece package needed to tell is missing."""
+    _model_pb2(path)
     try:
         load_model_proto(path)
     except TokenizerError:
