@@ -64,19 +64,17 @@ def write_tokenizer_config(model_dir: Path, **fields) -> None:
 
 
 def write_vocab_gguf(metadata, path: Path, arch: str = "llama") -> Path:
-    """A GGUF with general.architecture and the given tokenizer Metadata, and no tensors."""
-    import gguf
+    """A GGUF with general.architecture and the given tokenizer Metadata, and no tensors, written
+    by our own GGUFWriter."""
+    from ggufsmith.constants import Keys
+    from ggufsmith.gguf_writer.metadata import Metadata
+    from ggufsmith.gguf_writer.writer import GGUFWriter
 
-    writer = gguf.GGUFWriter(str(path), arch)
-    for key, value in metadata.items():
-        sub_type = gguf.GGUFValueType(int(value.element_type)) if value.element_type is not None else None
-        val = value.value
-        if sub_type is not None and not isinstance(val, list):
-            val = list(val.tolist() if hasattr(val, "tolist") else val)
-        writer.add_key_value(key, val, gguf.GGUFValueType(int(value.type)), sub_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
+    file_metadata = Metadata()
+    file_metadata.add_string(Keys.General.ARCHITECTURE, arch)
+    file_metadata.update(metadata)
+    with GGUFWriter(path, file_metadata):
+        pass
     return path
 
 
