@@ -99,18 +99,19 @@ def _work_units(t: PlannedTensor) -> Iterator[Callable[[], np.ndarray]]:
         step = max(1, SLICE_ELEMENTS // row_length)
         for start in range(0, tensor.n_rows, step):
             stop = min(start + step, tensor.n_rows)
-            yield lambda start=start, stop=stop: _encode(t, tensor.load_rows(start, stop))
+            yield lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))
     else:
-        yield lambda: _encode(t, tensor.load())
+        yield lambda: _encode(t, tensor.load)
 
 
-def _encode(t: PlannedTensor, data: np.ndarray) -> np.ndarray:
+def _encode(t: PlannedTensor, load: Callable[[], np.ndarray]) -> np.ndarray:
     try:
+        data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
         return quantize(data, t.ggml_type)
     except GgufsmithError as e:
-        raise ConversionError(f"tensor {t.name} ({t.tensor.source}): {e}") from None
+        raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
 
 
 def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:
