@@ -101,7 +101,10 @@ class ConversionPlan:
         """The plan as a table: source name(s), GGUF name, shape, type, bytes, note."""
         rows = [("source", "gguf name", "shape", "type", "bytes", "note")]
         for t in self.tensors:
-            source = t.sources[0] if len(t.sources) == 1 else f"{t.sources[0]} (+{len(t.sources) - 1})"
+            if not t.sources:
+                source = "(computed from config)"
+            else:
+                source = t.sources[0] if len(t.sources) == 1 else f"{t.sources[0]} (+{len(t.sources) - 1})"
             rows.append((source, t.name, "x".join(map(str, t.shape)), t.ggml_type.name, str(t.nbytes), t.note))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [
