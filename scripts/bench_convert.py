@@ -171,8 +171,8 @@ def generate_checkpoint(model_dir: Path) -> Path:
     return model_dir
 
 
-def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one fresh child process."""
+def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in MiB, CPU seconds user+system) of one fresh child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -182,7 +182,7 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def reference_script() -> Path:
@@ -214,27 +214,29 @@ def main() -> int:
             [sys.executable, str(ref / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(out), "--outtype", t],
             {**env, "PYTHONPATH": str(ref / "gguf-py")},
         )
-    results: dict[tuple[str, str], tuple[float, float]] = {}
-    for outtype in args.outtypes.split(","):
-        for tool, make in tools.items():
-            out = args.dir / f"out-{tool.split('.')[0]}-{outtype}.gguf"
-            best = None
-            for _ in range(args.repeat):
+    # Runs are interleaved (tool A, tool B, A, B...) so that both see the same machine load; the
+    # best of --repeat is kept. CPU time is printed too: on a shared machine it varies less than wall time.
+    results: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for _ in range(args.repeat):
+        for outtype in args.outtypes.split(","):
+            for tool, make in tools.items():
+                out = args.dir / f"out-{tool.split('.')[0]}-{outtype}.gguf"
                 cmd, run_env = make(out, outtype)
-                wall, rss = measure(cmd, run_env, args.repo)
-                best = (wall, rss) if best is None else (min(best[0], wall), min(best[1], rss))
-            results[(outtype, tool)] = best
-            print(f"{outtype:5s} {tool:22s} {best[0]:7.1f} s {best[1]:8.0f} MiB  {out.stat().st_size / 1e9:.3f} GB",
-                  file=sys.stderr)
-            out.unlink()
-    print(f"\n| outtype | tool | wall (s) | peak RSS (MiB) | wall ratio | RSS ratio |")
-    print("|---|---|---:|---:|---:|---:|")
-    for (outtype, tool), (wall, rss) in results.items():
+                run = measure(cmd, run_env, args.repo)
+                print(f"{outtype:5s} {tool:22s} {run[0]:7.1f} s wall {run[2]:7.1f} s CPU {run[1]:8.0f} MiB  "
+                      f"{out.stat().st_size / 1e9:.3f} GB", file=sys.stderr)
+                out.unlink()
+                best = results.get((outtype, tool))
+                results[(outtype, tool)] = run if best is None else tuple(min(a, b) for a, b in zip(best, run))
+    print("\n| outtype | tool | wall (s) | CPU (s) | peak RSS (MiB) | wall ratio | RSS ratio |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (outtype, tool), (wall, rss, cpu) in results.items():
         ref = results.get((outtype, "convert_hf_to_gguf.py"))
         ratios = f"{wall / ref[0]:.2f} | {rss / ref[1]:.2f}" if ref and tool == "ggufsmith" else "- | -"
-        print(f"| {outtype} | {tool} | {wall:.1f} | {rss:.0f} | {ratios} |")
-    print("\ntargets: ggufsmith wall <= 0.5x and peak RSS <= 0.6x the reference's; "
-          f"{os.cpu_count()} CPUs, numpy {np.__version__}")
+        print(f"| {outtype} | {tool} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {ratios} |")
+    load = os.getloadavg()[0]
+    print(f"\ntargets: ggufsmith wall <= 0.5x and peak RSS <= 0.6x the reference's; "
+          f"{os.cpu_count()} CPUs, load average {load:.1f} at the end, numpy {np.__version__}")
     return 0
 
 
