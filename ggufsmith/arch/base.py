@@ -92,6 +92,10 @@ class ArchKeys:
     def u32(self, template: str, value: int | None) -> None:
         self._add(template, None if value is None else int(value), GGUFValueType.UINT32)
 
+    def u64(self, template: str, value: int | None) -> None:
+        """For keys the spec types as uint64 where no llama.cpp reader insists on uint32 (rwkv, whisper)."""
+        self._add(template, None if value is None else int(value), GGUFValueType.UINT64)
+
     def f32(self, template: str, value: float | None) -> None:
         self._add(template, None if value is None else float(value), GGUFValueType.FLOAT32)
 
@@ -135,9 +139,15 @@ class Architecture:
         """Layout change of one output tensor, by GGUF name. Default: none."""
         return tensor
 
+    def extra_tensors(self) -> dict[str, LazyTensor]:
+        """Tensors the GGUF needs that the checkpoint does not hold, by GGUF name (e.g. llama3's
+        rope_freqs, computed from config.json). They come first in the file. Default: none."""
+        return {}
+
     # -- question 3: the shared mapping machinery ------------------------------------------
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        """Every HF tensor mapped to its GGUF name, experts stacked, transforms applied.
+        """Every HF tensor mapped to its GGUF name, experts stacked, transforms applied, after the
+        plugin's extra_tensors().
 
         An HF tensor that matches no pattern and is not ignored is an error: silently dropping a
         weight would give a model that loads and produces wrong output.
@@ -169,7 +179,7 @@ class Architecture:
                 f"the {self.name} plugin has no GGUF name for tensor(s) {shown}; "
                 "the checkpoint may be of a variant this plugin does not support"
             )
-        mapped = []
+        mapped = [MappedTensor(name, (), tensor) for name, tensor in self.extra_tensors().items()]
         for gguf_name in order:
             if gguf_name in singles:
                 hf_name, tensor = singles[gguf_name]
