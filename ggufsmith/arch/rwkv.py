@@ -20,6 +20,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.constants import Keys
 from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.converters.tokenizer_rwkv import has_rwkv_world_vocab
 from ggufsmith.gguf_writer.metadata import Metadata
 
 RWKV_ARCHITECTURE_VERSION = 4  # the only value the spec allows
@@ -62,6 +63,11 @@ class Rwkv(Architecture):
     # The per-channel vectors are 1-D after squeezing and so F32 anyway; time_first and
     # time_decay feed an exp(), where quantization error would be amplified.
     f32_tensors = (r"blk\.\d+\.time_mix_(decay|first)\.weight",)
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if has_rwkv_world_vocab(config.path.parent):
+            self.tokenizer_kind = "rwkv"  # the world vocabulary, exported by converters.tokenizer_rwkv
 
     def metadata(self) -> Metadata:
         c = self.config
