@@ -106,7 +106,7 @@ def convert_for_tests(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
 def _standin_convert(model_dir: Path, out: Path, outtype: str) -> Path:
     from safetensors.numpy import load_file
 
-    from ggufsmith.constants import GGMLType, Keys
+    from ggufsmith.constants import GGML_TYPE_LAYOUT, GGMLType, Keys
     from ggufsmith.gguf_writer.metadata import Metadata
     from ggufsmith.gguf_writer.writer import GGUFWriter
     from ggufsmith.quantize import quantize
@@ -117,24 +117,18 @@ def _standin_convert(model_dir: Path, out: Path, outtype: str) -> Path:
     md = Metadata()
     md.add_string(Keys.General.ARCHITECTURE, plugin.name)
     md.update(plugin.metadata())
-    vocab_size = plugin.config.get("vocab_size", default=None)
-    if plugin.tokenizer_kind == "rwkv":
-        from ggufsmith.converters.tokenizer_rwkv import export_rwkv_world
+    from ggufsmith.converters.tokenizer import export_tokenizer
 
-        md.update(export_rwkv_world(model_dir, vocab_size=vocab_size))
-    else:
-        try:
-            from ggufsmith.converters.tokenizer import export_tokenizer
-        except ImportError:
-            export_tokenizer = None
-        if export_tokenizer is not None and (model_dir / "tokenizer.json").is_file():
-            md.update(export_tokenizer(model_dir, vocab_size=vocab_size, kind=plugin.tokenizer_kind))
+    vocab_size = plugin.config.get("vocab_size", default=None)
+    md.update(export_tokenizer(model_dir, vocab_size=vocab_size, kind=plugin.tokenizer_kind))
     wanted = GGMLType[outtype.upper()]
     with GGUFWriter(out, md) as w:
         types = {}
         for t in mapped:
             keep = len(t.tensor.shape) <= 1 or plugin.keep_f32(t.name)
             types[t.name] = GGMLType.F32 if keep else wanted
+            if t.tensor.shape[-1] % GGML_TYPE_LAYOUT[types[t.name]].block_size:
+                types[t.name] = GGMLType.F16  # as llama.cpp's converter falls back
             w.add_tensor(t.name, t.tensor.shape, types[t.name])
         for t in mapped:
             w.write_tensor(t.name, quantize(t.tensor.load(), types[t.name]))

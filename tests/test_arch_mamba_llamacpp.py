@@ -12,7 +12,7 @@ from tests.archs_other_helpers import convert_for_tests, read_gguf
 
 transformers = pytest.importorskip("transformers")
 llama_cpp = pytest.importorskip("llama_cpp")
-tokenizer_helpers = pytest.importorskip("tests.tokenizer_helpers")  # TODO: plain import once the tokenizer branch is on main
+from tests import tokenizer_helpers  # noqa: E402
 
 # Largest |llama.cpp - transformers| over all logits, relative to the largest |logit|.
 # Measured: f32 4e-7, f16 3e-4.
@@ -46,8 +46,6 @@ def prompt_ids(mamba_dir):
 @pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
 def test_llama_cpp_logits_match_transformers(mamba_dir, prompt_ids, tmp_path, outtype):
     folder, model = mamba_dir
-    if outtype == "q8_0":
-        pytest.importorskip("ggufsmith.quantize.q8_0")  # TODO: drop once the Q8_0 quantizer is on main
     path = convert_for_tests(folder, tmp_path / f"mamba-{outtype}.gguf", outtype)
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, logits_all=True, verbose=False)
     llm.eval(prompt_ids)

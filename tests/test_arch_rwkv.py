@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ggufsmith.constants import GGUFValueType
-from ggufsmith.converters.tokenizer_rwkv import RWKV_WORLD_VOCAB, escape_token, export_rwkv_world, read_rwkv_world_vocab
+from ggufsmith.converters.tokenizer.rwkv_world import RWKV_WORLD_VOCAB, escape_token, export_rwkv_world, read_rwkv_world_vocab
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from tests.archs_other_helpers import (

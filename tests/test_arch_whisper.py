@@ -14,6 +14,7 @@ import torch
 
 from ggufsmith.arch.base import HFConfig
 from ggufsmith.arch.whisper import MEL_FILTERS, Whisper
+from tests import tokenizer_helpers
 from tests.archs_other_helpers import (
     convert_for_tests,
     dequantized,
@@ -25,20 +26,37 @@ from tests.archs_other_helpers import (
 
 transformers = pytest.importorskip("transformers")
 
-CONFIG = dict(vocab_size=320, num_mel_bins=80, d_model=32, encoder_layers=2, decoder_layers=3,
+CONFIG = dict(vocab_size=400, num_mel_bins=80, d_model=32, encoder_layers=2, decoder_layers=3,
               encoder_attention_heads=4, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=96,
-              max_source_positions=60, max_target_positions=40, pad_token_id=1, bos_token_id=2,
-              eos_token_id=2, decoder_start_token_id=3, architectures=["WhisperForConditionalGeneration"])
+              max_source_positions=60, max_target_positions=40, architectures=["WhisperForConditionalGeneration"])
+# Whisper's tokenizer is GPT-2's byte-level BPE plus these special tokens (and more languages).
+WHISPER_SPECIALS = ["<|startoftranscript|>", "<|en|>", "<|de|>", "<|transcribe|>", "<|translate|>",
+                    "<|notimestamps|>"]
+
+
+def _whisper_tokenizer(folder):
+    """A GPT-2-style BPE trained here, with Whisper's special tokens added as Whisper has them."""
+    tokenizer_helpers.train_bpe(folder, "gpt2", vocab_size=360)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_special_tokens({"additional_special_tokens": WHISPER_SPECIALS})
+    tokenizer.save_pretrained(folder)
+    return tokenizer
 
 
 @pytest.fixture(scope="module")
 def whisper_case(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("whisper")
+    tokenizer = _whisper_tokenizer(folder)
+    eot = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    sot = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    assert len(tokenizer) <= CONFIG["vocab_size"]
+    config = transformers.WhisperConfig(**CONFIG, pad_token_id=eot, bos_token_id=eot, eos_token_id=eot,
+                                        decoder_start_token_id=sot)
     torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**CONFIG)).eval()
+    model = transformers.WhisperForConditionalGeneration(config).eval()
     with torch.no_grad():  # make norms and biases distinctive too
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    folder = tmp_path_factory.mktemp("whisper")
     model.save_pretrained(folder)
     extractor = transformers.WhisperFeatureExtractor(feature_size=80)
     extractor.save_pretrained(folder)
@@ -67,9 +85,38 @@ def test_required_spec_keys_have_their_types_and_values(whisper_f32):
         "whisper.decoder.attention.head_count": (2, u64),
         "whisper.encoder.feed_forward_length": (64, u64),
         "whisper.decoder.feed_forward_length": (96, u64),
-        "whisper.decoder_start_token_id": (3, "UINT32"),
     }
     assert {k: keys[k] for k in expected} == expected
+
+
+def test_decoder_start_token_is_the_configs(whisper_case, whisper_f32):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(whisper_case[0])
+    sot = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    assert whisper_f32[0]["whisper.decoder_start_token_id"] == (sot, "UINT32")
+
+
+def test_tokenizer_is_exported_as_it_ships(whisper_case, whisper_f32, tmp_path):
+    """Every token at its id, special tokens as control tokens, and llama.cpp (reading the same
+    keys as a gpt2 vocabulary) tokenizes as transformers does."""
+    keys, _ = whisper_f32
+    tokenizer = transformers.AutoTokenizer.from_pretrained(whisper_case[0])
+    tokens = list(keys["tokenizer.ggml.tokens"][0])
+    n = len(tokenizer)
+    assert tokens[:n] == tokenizer.convert_ids_to_tokens(list(range(n)))
+    assert len(tokens) == CONFIG["vocab_size"]
+    types = list(keys["tokenizer.ggml.token_type"][0])
+    for special in WHISPER_SPECIALS + ["<|endoftext|>"]:
+        assert types[tokenizer.convert_tokens_to_ids(special)] == 3, special
+    assert keys["tokenizer.ggml.model"] == ("gpt2", "STRING")
+
+    from ggufsmith.converters.tokenizer import export_tokenizer
+
+    vocab = tokenizer_helpers.write_vocab_gguf(
+        export_tokenizer(whisper_case[0], vocab_size=CONFIG["vocab_size"]), tmp_path / "v.gguf", arch="gpt2")
+    llm = tokenizer_helpers.load_llama_vocab(vocab)
+    text = tokenizer_helpers.CHECK_TEXT + "<|startoftranscript|><|en|><|transcribe|> hi"
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert llm.tokenize(text.encode(), add_bos=False, special=True) == expected
 
 
 def test_every_tensor_is_documented_and_equals_the_hf_weight(whisper_case, whisper_f32):
