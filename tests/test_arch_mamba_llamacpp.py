@@ -15,8 +15,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 from tests import tokenizer_helpers  # noqa: E402
 
 # Largest |llama.cpp - transformers| over all logits, relative to the largest |logit|.
-# Measured: f32 4e-7, f16 3e-4.
-TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "q8_0": 2e-2}
+# Measured on this fixture: f32 2.9e-7, f16 4.6e-4, bf16 3.4e-3, q8_0 1.1e-2.
+TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2, "q8_0": 3e-2}
 VOCAB_SIZE = 1504  # the trained tokenizer's 1501 tokens, padded to a multiple of 8 as Mamba does
 
 
@@ -43,7 +43,7 @@ def prompt_ids(mamba_dir):
     return ids[:48]
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
 def test_llama_cpp_logits_match_transformers(mamba_dir, prompt_ids, tmp_path, outtype):
     folder, model = mamba_dir
     path = convert_for_tests(folder, tmp_path / f"mamba-{outtype}.gguf", outtype)

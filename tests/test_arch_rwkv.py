@@ -174,3 +174,16 @@ def test_a_smaller_embedding_than_the_vocabulary_is_refused(rwkv_case):
 
     with pytest.raises(TokenizerError, match="embedding rows"):
         export_rwkv_world(rwkv_case[0], vocab_size=1000)
+
+
+def test_no_rescaling_when_the_config_has_none(rwkv_case):
+    from ggufsmith.arch.base import HFConfig
+    from ggufsmith.arch.rwkv import Rwkv
+    from tests.archs_other_helpers import lazy_source
+
+    _, stored, _ = rwkv_case
+    config = HFConfig({"hidden_size": 32, "num_hidden_layers": 3, "context_length": 256, "rescale_every": 0})
+    plugin = Rwkv(config)
+    assert plugin.metadata().get("rwkv.rescale_every_n_layers") == 0
+    for t in plugin.map_tensors(lazy_source(stored)):
+        np.testing.assert_array_equal(t.tensor.load(), stored[t.sources[0]].reshape(t.tensor.shape), err_msg=t.name)

@@ -165,3 +165,18 @@ def test_untied_output_projection_is_kept(whisper_case):
     plugin = Whisper(HFConfig(CONFIG | {"tie_word_embeddings": False}))
     names = {t.name: t.sources for t in plugin.map_tensors(lazy_source(state))}
     assert names["output.weight"] == ("proj_out.weight",)
+
+
+def test_f16_file_holds_the_weights_rounded_to_f16(whisper_case, tmp_path):
+    """2-D weights become F16 (rounded as torch rounds them); norms, biases, conv kernels,
+    position tables and the mel filters stay F32 and exact."""
+    _, state, extractor = whisper_case
+    _, tensors = read_gguf(convert_for_tests(whisper_case[0], tmp_path / "whisper-f16.gguf", "f16"))
+    rows = documented_names("whisper")
+    documented = {documented_gguf_name(rows, hf): hf for hf in state if hf != "proj_out.weight"}
+    for name, hf in documented.items():
+        f16 = len(state[hf].shape) == 2 and "pos_embd" not in name
+        assert tensors[name][1] == ("F16" if f16 else "F32"), name
+        expected = torch.from_numpy(state[hf]).half().float().numpy() if f16 else state[hf]
+        np.testing.assert_array_equal(dequantized(tensors[name]), expected, err_msg=name)
+    assert tensors[MEL_FILTERS][1] == "F32"
