@@ -10,6 +10,7 @@ import torch
 
 from tests.archs_other_helpers import convert_for_tests, read_gguf
 
+pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 llama_cpp = pytest.importorskip("llama_cpp")
 from tests import tokenizer_helpers  # noqa: E402

@@ -108,6 +108,7 @@ def test_every_tensor_is_documented_and_equals_what_transformers_runs(rwkv_case,
     assert rescaled == 4  # output and value weights of blocks 1 and 2 (block 0 is divided by 1)
 
 
+@pytest.mark.slow
 def test_world_vocabulary_round_trips_through_llama_cpp(rwkv_case, tmp_path):
     """Every token's text, as llama.cpp's RWKV tokenizer decodes it, is the token's bytes."""
     llama_cpp = pytest.importorskip("llama_cpp")
@@ -123,6 +124,7 @@ def test_world_vocabulary_round_trips_through_llama_cpp(rwkv_case, tmp_path):
         assert buffer.raw[:n] == tokens[token_id], token_id
 
 
+@pytest.mark.slow
 def test_tokenization_matches_the_reference_tokenizer(rwkv_case, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     from rwkv.rwkv_tokenizer import TRIE_TOKENIZER
