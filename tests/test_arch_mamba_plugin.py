@@ -109,3 +109,10 @@ def test_expansion_other_than_two_is_refused():
     config = HFConfig({"hidden_size": 16, "intermediate_size": 48, "num_hidden_layers": 1}, "x/config.json")
     with pytest.raises(ConversionError, match="expansion factor of 2"):
         Mamba(config).metadata()
+
+
+@pytest.mark.parametrize("setting, message", [({"use_bias": True}, "use_bias"), ({"use_conv_bias": False}, "conv1d bias")])
+def test_variants_llama_cpp_cannot_run_are_refused(setting, message):
+    config = HFConfig({"hidden_size": 16, "num_hidden_layers": 1, **setting}, "x/config.json")
+    with pytest.raises(ConversionError, match=message):
+        Mamba(config).metadata()

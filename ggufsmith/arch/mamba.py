@@ -69,6 +69,8 @@ class Mamba(Architecture):
             dt_rank = -(-d_model // 16)  # mamba's own default: ceil(d_model / 16)
         if c.get("use_bias", default=False):
             raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba has no in/out projection biases")
+        if not c.get("use_conv_bias", default=True):
+            raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba requires the conv1d bias")
 
         m = Metadata()
         keys = ArchKeys(m, self.name)
