@@ -14,6 +14,7 @@ def _may_contain_nan(rows: np.ndarray) -> bool:
     with np.errstate(all="ignore"):
         return bool(np.isnan(np.add.reduce(rows, axis=None)))
 
+
 def _f32_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     return rows.astype("<f4", copy=False).view(np.uint8)
 
@@ -32,7 +33,6 @@ def _f16_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
         sign = (rows.view(np.uint32)[is_nan] >> 16).astype(np.uint16) & np.uint16(0x8000)
         half[is_nan] = sign | np.uint16(0x7E00)
     return half.view(np.uint8)
-
 
 
 def _f16_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
