@@ -161,9 +161,9 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             best = select(better, scale * sum_lx, best)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
-    all_zero = amax < GROUP_MAX_EPS
-    scale[all_zero] = 0
-    out = (best_levels + np.float32(nmax)).astype(np.uint8)
+        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        scale[all_zero] = 0
+        out = (best_levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
 
@@ -210,9 +210,9 @@ def _make_q3_quants_tile(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
             active = active[changed]
 
         scale = select(sum_l2 > 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
-    all_zero = amax < GROUP_MAX_EPS
-    scale[all_zero] = 0
-    out = (levels + np.float32(nmax)).astype(np.uint8)
+        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        scale[all_zero] = 0
+        out = (levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
 
