@@ -32,19 +32,18 @@ BLOCK = 32
 
 
 def _ref_levels(rows: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(d, min, levels as the bytes C stores) of quantize_row_q{4,5}_1_ref, blocks[n_blocks, 32]."""
-    blocks = rows.reshape(-1, BLOCK)
-    # min and max along the short axis are slow in numpy; along the long one they are fast.
-    columns = transposed(blocks)
-    low = first_min(columns)
-    high = first_max(columns)
+    """(d, min, levels[32, n_blocks] as the bytes C stores) of quantize_row_q{4,5}_1_ref."""
+    # Position-major, so that reductions and per-block scalars run along the long axis (fast in
+    # numpy) rather than along the 32 elements of a block.
+    x = transposed(rows.reshape(-1, BLOCK))
+    low = first_min(x)
+    high = first_max(x)
     span = high - low
     d = span / F32(nmax)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv_d = np.where(d != 0, F32(1) / d, F32(0))
-        scaled = blocks - low[:, None]
-        scaled *= inv_d[:, None]
-        scaled += F32(0.5)
+    inv_d = np.where(d != 0, F32(1) / d, F32(0))
+    scaled = x - low
+    scaled *= inv_d
+    scaled += F32(0.5)
     if np.isfinite(inv_d).all() and np.isfinite(span).all():
         # Then 0 <= scaled < nmax + 1: C's truncating conversion is a plain cast to bytes.
         levels = scaled.astype(np.uint8)
@@ -53,57 +52,54 @@ def _ref_levels(rows: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np
         return d, low, levels
     # Degenerate blocks (span overflowing, or 1/d infinite): emulate C's conversion exactly,
     # cvttss2si giving INT_MIN for NaN and out-of-range values, then the byte store.
-    with np.errstate(invalid="ignore"):
-        wide = scaled.astype(np.int32)
+    wide = scaled.astype(np.int32)
     if nmax == 15:  # MIN(15, (int8_t)v)
         return d, low, np.minimum(wide.astype(np.int8), 15).astype(np.uint8)
     return d, low, wide.astype(np.uint8)
 
 
 def _imatrix_levels(rows: np.ndarray, importance: np.ndarray, nmax: int):
-    """(d, min, levels[n_blocks, 32]) of quantize_row_q{4,5}_1_impl with quant_weights."""
+    """(d, min, levels[32, n_blocks]) of quantize_row_q{4,5}_1_impl with quant_weights."""
     n_rows, row_length = rows.shape
     columns = transposed(rows)
     sigma2 = seq_sum(columns * columns) / F32(row_length)
     # position-major: x[i, block] is element i of each block; the blocks of a row share sigma2.
     x = transposed(rows.reshape(-1, BLOCK))
     qw = np.tile(transposed(importance.reshape(-1, BLOCK)), (1, n_rows))
-    s2 = np.repeat(sigma2, row_length // BLOCK)[None, :]
+    s2 = np.repeat(sigma2, row_length // BLOCK)
     weights = qw * np.sqrt(s2 + x * x)
     scale, the_min, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
-    return scale, -the_min, transposed(levels.astype(np.uint8))
+    return scale, -the_min, levels.astype(np.uint8)
 
 
-def _header(d: np.ndarray, low: np.ndarray) -> np.ndarray:
-    return np.stack([fp16_bits(d), fp16_bits(low)], axis=1).view(np.uint8)
+def _blocks(n_rows: int, d: np.ndarray, low: np.ndarray, *body: np.ndarray) -> np.ndarray:
+    """Rows of blocks from per-block d, m and body bytes given position-major ([bytes, n_blocks])."""
+    d16 = fp16_bits(d)
+    m16 = fp16_bits(low)
+    header = np.stack([d16 & 0xFF, d16 >> 8, m16 & 0xFF, m16 >> 8]).astype(np.uint8)
+    return transposed(np.concatenate([header, *body])).reshape(n_rows, -1)
 
 
 @float_exceptions_expected
 def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    n_rows = rows.shape[0]
     if importance is None:
         d, low, levels = _ref_levels(rows, 15)
     else:
         d, low, levels = _imatrix_levels(rows, importance, 15)
-        levels = levels.astype(np.uint8, copy=False)
-    qs = levels[:, :16] | (levels[:, 16:] << 4)
-    out = np.concatenate([_header(d, low), qs], axis=1)
-    return out.reshape(n_rows, -1)
+    qs = levels[:16] | (levels[16:] << 4)
+    return _blocks(rows.shape[0], d, low, qs)
 
 
 @float_exceptions_expected
 def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    n_rows = rows.shape[0]
     if importance is None:
         d, low, levels = _ref_levels(rows, 31)
     else:
         d, low, levels = _imatrix_levels(rows, importance, 31)
-    levels = levels.astype(np.uint8, copy=False)  # (uint8_t) keeps the low byte
-    qs = (levels[:, :16] & 0x0F) | ((levels[:, 16:] & 0x0F) << 4)
+    qs = (levels[:16] & 0x0F) | ((levels[16:] & 0x0F) << 4)
     # bit j of the little-endian u32 qh is bit 4 of level j
-    qh = np.packbits((levels >> 4) & 1, axis=1, bitorder="little")
-    out = np.concatenate([_header(d, low), qh, qs], axis=1)
-    return out.reshape(n_rows, -1)
+    qh = np.packbits((levels >> 4) & 1, axis=0, bitorder="little")
+    return _blocks(rows.shape[0], d, low, qh, qs)
 
 
 def _dequantize(d_bits: np.ndarray, m_bits: np.ndarray, levels: np.ndarray, shape) -> np.ndarray:
