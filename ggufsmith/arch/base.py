@@ -1,0 +1,213 @@
+"""The interface an architecture plugin implements, and the shared machinery behind it.
+
+A plugin answers four questions and nothing else:
+  1. Which HF classes / model types it claims  -> `hf_classes`, `model_types`
+  2. Which GGUF keys follow from config.json   -> `metadata()`
+  3. Which GGUF name each HF tensor gets       -> `tensor_names` (patterns with {bid} / {xid})
+  4. Which tensors change layout               -> `transform()`
+plus which tokenizer exporter it uses (`tokenizer_kind`). Everything else (reading checkpoints,
+choosing tensor types, quantizing, writing) is the pipeline's job.
+
+Tensor name patterns: `{bid}` matches a block number; `{xid}` matches an expert number, and all
+experts of one block are stacked (in expert order) into one GGUF tensor of shape
+(n_expert, *expert_shape).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ggufsmith.constants import GGUFValueType, arch_key
+from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.errors import ConversionError
+from ggufsmith.gguf_writer.metadata import Metadata
+
+_REQUIRED = object()
+
+
+class HFConfig:
+    """config.json (and generation_config.json), with lookups that name the file when they fail."""
+
+    def __init__(self, values: Mapping[str, Any], path: Path | str = "config.json",
+                 generation: Mapping[str, Any] | None = None) -> None:
+        self.values = dict(values)
+        self.path = Path(path)
+        self.generation = dict(generation or {})
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> HFConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ConversionError(f"{path} not found: a Hugging Face model folder needs its config.json")
+        values = _read_json(path)
+        gen_path = Path(model_dir) / "generation_config.json"
+        generation = _read_json(gen_path) if gen_path.is_file() else None
+        return cls(values, path, generation)
+
+    def get(self, *names: str, default: Any = _REQUIRED) -> Any:
+        """The value of the first of `names` present (and not null) in config.json."""
+        for name in names:
+            if self.values.get(name) is not None:
+                return self.values[name]
+        if default is _REQUIRED:
+            raise ConversionError(f"{self.path}: none of {', '.join(names)} is set; this architecture needs it")
+        return default
+
+    def __contains__(self, name: str) -> bool:
+        return self.values.get(name) is not None
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(self.values.get("architectures") or [])
+
+    @property
+    def model_type(self) -> str | None:
+        return self.values.get("model_type")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+class ArchKeys:
+    """Writes `{arch}.*` keys with the types llama.cpp expects; skips values that are None."""
+
+    def __init__(self, metadata: Metadata, arch: str) -> None:
+        self.metadata = metadata
+        self.arch = arch
+
+    def _add(self, template: str, value: Any, vtype: GGUFValueType) -> None:
+        if value is not None:
+            self.metadata.add(arch_key(template, self.arch), value, vtype)
+
+    def u32(self, template: str, value: int | None) -> None:
+        self._add(template, None if value is None else int(value), GGUFValueType.UINT32)
+
+    def f32(self, template: str, value: float | None) -> None:
+        self._add(template, None if value is None else float(value), GGUFValueType.FLOAT32)
+
+    def bool(self, template: str, value: bool | None) -> None:
+        self._add(template, None if value is None else bool(value), GGUFValueType.BOOL)
+
+    def string(self, template: str, value: str | None) -> None:
+        self._add(template, value, GGUFValueType.STRING)
+
+
+@dataclass(frozen=True)
+class MappedTensor:
+    """One output tensor: its GGUF name, the HF tensors it is made of, and the lazy data."""
+
+    name: str
+    sources: tuple[str, ...]
+    tensor: LazyTensor
+
+
+class Architecture:
+    """Base class of architecture plugins. Subclasses are mostly declarations."""
+
+    name: ClassVar[str]  # general.architecture, e.g. "llama"
+    hf_classes: ClassVar[tuple[str, ...]] = ()  # config.json "architectures" values claimed
+    model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
+    tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
+    tensor_names: ClassVar[dict[str, str]] = {}  # HF pattern -> GGUF pattern
+    ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose
+    f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
+
+    def __init__(self, config: HFConfig) -> None:
+        self.config = config
+
+    # -- question 2 -----------------------------------------------------------------------
+    def metadata(self) -> Metadata:
+        """The `{arch}.*` keys (not general.* nor tokenizer.*, which the pipeline writes)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement metadata()")
+
+    # -- question 4 -----------------------------------------------------------------------
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        """Layout change of one output tensor, by GGUF name. Default: none."""
+        return tensor
+
+    # -- question 3: the shared mapping machinery ------------------------------------------
+    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
+        """Every HF tensor mapped to its GGUF name, experts stacked, transforms applied.
+
+        An HF tensor that matches no pattern and is not ignored is an error: silently dropping a
+        weight would give a model that loads and produces wrong output.
+        """
+        patterns = _compile_patterns(self.tensor_names)
+        ignored = [re.compile(p) for p in self.ignored_tensors]
+        singles: dict[str, tuple[str, LazyTensor]] = {}
+        expert_groups: dict[str, dict[int, tuple[str, LazyTensor]]] = {}
+        order: list[str] = []
+        unmapped: list[str] = []
+        for hf_name, tensor in source.items():
+            target = _match(patterns, hf_name)
+            if target is None:
+                if not any(p.fullmatch(hf_name) for p in ignored):
+                    unmapped.append(hf_name)
+                continue
+            gguf_name, expert = target
+            if gguf_name not in singles and gguf_name not in expert_groups:
+                order.append(gguf_name)
+            if expert is None:
+                if gguf_name in singles:
+                    raise ConversionError(f"{hf_name} and {singles[gguf_name][0]} both map to {gguf_name}")
+                singles[gguf_name] = (hf_name, tensor)
+            else:
+                expert_groups.setdefault(gguf_name, {})[expert] = (hf_name, tensor)
+        if unmapped:
+            shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else "")
+            raise ConversionError(
+                f"the {self.name} plugin has no GGUF name for tensor(s) {shown}; "
+                "the checkpoint may be of a variant this plugin does not support"
+            )
+        mapped = []
+        for gguf_name in order:
+            if gguf_name in singles:
+                hf_name, tensor = singles[gguf_name]
+                sources = (hf_name,)
+            else:
+                group = expert_groups[gguf_name]
+                missing = sorted(set(range(len(group))) - set(group))
+                if missing:
+                    raise ConversionError(f"{gguf_name}: experts {missing} are missing from the checkpoint")
+                sources = tuple(group[i][0] for i in range(len(group)))
+                tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{gguf_name} <- {sources[0]}...")
+            mapped.append(MappedTensor(gguf_name, sources, self.transform(gguf_name, tensor)))
+        return mapped
+
+    def keep_f32(self, gguf_name: str) -> bool:
+        return any(re.fullmatch(p, gguf_name) for p in self.f32_tensors)
+
+    @classmethod
+    def claims(cls, config: HFConfig) -> bool:
+        return any(a in cls.hf_classes for a in config.architectures) or (
+            not config.architectures and config.model_type in cls.model_types
+        )
+
+
+def _compile_patterns(table: Mapping[str, str]) -> list[tuple[re.Pattern, str]]:
+    compiled = []
+    for hf_pattern, gguf_pattern in table.items():
+        regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
+        compiled.append((re.compile(regex), gguf_pattern))
+    return compiled
+
+
+def _match(patterns: Iterable[tuple[re.Pattern, str]], hf_name: str) -> tuple[str, int | None] | None:
+    for regex, gguf_pattern in patterns:
+        m = regex.fullmatch(hf_name)
+        if m:
+            groups = m.groupdict()
+            name = gguf_pattern.format(bid=groups.get("bid", ""))
+            expert = int(groups["xid"]) if groups.get("xid") is not None else None
+            return name, expert
+    return None

@@ -1,0 +1,89 @@
+"""A tensor whose shape is known now and whose data is read only when asked for.
+
+Checkpoint readers hand out LazyTensors backed by memory maps; plugins describe their layout
+changes (rotary permutation, expert stacking, qkv regrouping) as operations on LazyTensors; the
+pipeline plans the whole file from the shapes and loads one tensor at a time while writing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggufsmith.errors import ConversionError
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    shape: tuple[int, ...]
+    dtype: str  # storage type in the checkpoint: "F32", "F16", "BF16", "F64", "I64", ...
+    loader: Callable[[], np.ndarray]
+    source: str = ""  # where it comes from, for error messages: "model.safetensors:lm_head.weight"
+
+    @property
+    def n_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def load(self) -> np.ndarray:
+        """The data as a numpy array (float16 or float32 for floating types; bf16 arrives as float32)."""
+        array = self.loader()
+        if tuple(array.shape) != self.shape:
+            raise ConversionError(f"{self.source}: expected shape {self.shape}, the data has {tuple(array.shape)}")
+        return array
+
+    def map(
+        self, fn: Callable[[np.ndarray], np.ndarray], shape: Sequence[int] | None = None, dtype: str | None = None
+    ) -> LazyTensor:
+        """A LazyTensor of fn(data). Give `shape` when fn changes it."""
+        return LazyTensor(
+            tuple(self.shape if shape is None else shape),
+            self.dtype if dtype is None else dtype,
+            lambda: fn(self.load()),
+            self.source,
+        )
+
+    def reshape(self, *shape: int) -> LazyTensor:
+        target = tuple(int(s) for s in shape)
+        if int(np.prod(target, dtype=np.int64)) != self.n_elements:
+            raise ConversionError(f"{self.source}: cannot reshape {self.shape} to {target}")
+        return self.map(lambda a: a.reshape(target), shape=target)
+
+    @staticmethod
+    def stack(tensors: Sequence[LazyTensor], source: str = "") -> LazyTensor:
+        """Stack along a new first axis (e.g. the experts of a MoE layer)."""
+        first = tensors[0]
+        for t in tensors[1:]:
+            if t.shape != first.shape:
+                raise ConversionError(f"cannot stack {t.source} of shape {t.shape} with {first.source} of shape {first.shape}")
+        dtype = first.dtype if all(t.dtype == first.dtype for t in tensors) else "F32"
+        return LazyTensor(
+            (len(tensors), *first.shape),
+            dtype,
+            lambda: np.stack([t.load() for t in tensors]),
+            source or f"{first.source} (+{len(tensors) - 1} stacked)",
+        )
+
+    @staticmethod
+    def concatenate(tensors: Sequence[LazyTensor], axis: int = 0, source: str = "") -> LazyTensor:
+        """Join along an existing axis (e.g. separate q, k, v into one fused qkv)."""
+        first = tensors[0]
+        axis = axis % len(first.shape)
+        shape = list(first.shape)
+        shape[axis] = sum(t.shape[axis] for t in tensors)
+        dtype = first.dtype if all(t.dtype == first.dtype for t in tensors) else "F32"
+        return LazyTensor(
+            tuple(shape),
+            dtype,
+            lambda: np.concatenate([t.load() for t in tensors], axis=axis),
+            source or f"{first.source} (+{len(tensors) - 1} joined)",
+        )
+
+    @staticmethod
+    def from_array(array: np.ndarray, dtype: str = "F32", source: str = "") -> LazyTensor:
+        """Wrap data that is already in memory (made by a plugin, e.g. whisper's mel filters)."""
+        return LazyTensor(tuple(array.shape), dtype, lambda: array, source)
