@@ -97,8 +97,11 @@ def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     else:
         d, low, levels = _imatrix_levels(rows, importance, 31)
     qs = (levels[:16] & 0x0F) | ((levels[16:] & 0x0F) << 4)
-    # bit j of the little-endian u32 qh is bit 4 of level j
-    qh = np.packbits((levels >> 4) & 1, axis=0, bitorder="little")
+    # bit j of the little-endian u32 qh is bit 4 of level j: byte k gathers levels 8k .. 8k+7
+    fifth = ((levels >> 4) & 1).reshape(4, 8, -1)
+    qh = fifth[:, 0].copy()
+    for bit in range(1, 8):
+        qh |= fifth[:, bit] << bit
     return _blocks(rows.shape[0], d, low, qh, qs)
 
 
