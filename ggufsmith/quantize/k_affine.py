@@ -58,8 +58,7 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
 def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray, nmax: int) -> np.ndarray:
     """Round x against the stored sub-block scale d and min dm; sub-blocks with d == 0 keep the
     levels of the search (C skips them)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
+    fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
     return np.where(d != 0, fresh, levels)
 
 
@@ -108,9 +107,8 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
         mins = mins.reshape(n_super, 8)
         max_scale = _max_positive(scales)
         max_min = _max_positive(mins)
-        with np.errstate(divide="ignore", over="ignore"):
-            inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-            inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
+        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
         # uint8_t ls = nearest_int(...); ls = MIN(63, ls): the byte store comes before the clamp.
         ls = np.minimum(nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
         lm = np.minimum(nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
@@ -209,9 +207,8 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
         mins = mins.reshape(n_super, 16)
         max_scale = _max_positive(scales)
         max_min = _max_positive(mins)
-        with np.errstate(divide="ignore", over="ignore"):
-            inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
-            inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
+        inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
+        inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
         # C stores these ints into bytes without a clamp: keep the low bits as it does.
         ls = nearest_int(inv_scale[:, None] * scales).astype(np.uint8)
         lm = nearest_int(inv_min[:, None] * mins).astype(np.uint8)

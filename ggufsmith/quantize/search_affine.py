@@ -9,10 +9,14 @@ float32 arithmetic step for step, but on all blocks of a chunk at once:
 * a block leaves a search early in C; here every block runs every step and masks decide which
   results are kept, which gives the same values because the skipped steps never feed back;
 * C's `nearest_int` (the 12582912.f trick) is emulated on the float's bits, so even values out
-  of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml.
+  of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml; where a
+  bound proves every value is within that range, np.rint (also round-half-even) does it faster.
 
 All arithmetic stays float32: Python floats are turned into np.float32 before they meet arrays.
-Temporaries are a few arrays of the input's size (the registry hands us ~1M elements at a time).
+No fused multiply-add is emulated: ggml-quants.c is built into libggml-base for the baseline
+x86-64 target (no -march=native, so no FMA instructions), and every `a*b + c` there rounds twice,
+as numpy does. The searches run on batches of SEARCH_BATCH_ELEMENTS inputs so their temporaries
+stay in cache; callers hold a few arrays of the registry's chunk size (~1M elements).
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ SEARCH_BATCH_ELEMENTS = 1 << 16
 _NEAREST_INT_EXACT = F32(4194303)
 
 
+@float_exceptions_expected
 def make_qkx_quants(
     x: np.ndarray,
     weights: np.ndarray,
@@ -227,6 +232,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
 
 
+@float_exceptions_expected
 def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """make_qp_quants on x[n, blocks] (non-negative per-sub-block scales or mins of super-blocks).
 
