@@ -110,7 +110,9 @@ def added_token_entries(model_dir: Path, files: TokenizerFiles) -> list[tuple[in
     return entries
 
 
-def load_sentencepiece_vocabulary(model_dir: Path, files: TokenizerFiles, model_path: Path) -> tuple[Vocabulary, dict[str, int]]:
+def load_sentencepiece_vocabulary(
+    model_dir: Path, files: TokenizerFiles, model_path: Path
+) -> tuple[Vocabulary, dict[str, int]]:
     """The vocabulary of a SentencePiece BPE model, and the special ids the model itself declares."""
     proto = load_model_proto(model_path)
     _check_supported(proto, model_path)
