@@ -9,7 +9,7 @@ from typing import Any
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .hf_files import ADDED_TOKENS, TOKENIZER_CONFIG, TokenizerFiles, read_json
+from .hf_files import ADDED_TOKENS, TokenizerFiles, read_json
 from .vocab import ADDED_TOKEN_SCORE, Vocabulary, added_token_type
 
 log = logging.getLogger(__name__)
@@ -100,13 +100,16 @@ def added_token_entries(
     added_json = read_json(model_dir / ADDED_TOKENS)
     if isinstance(added_json, dict):
         entries += [(int(i), text, None) for text, i in added_json.items()]
-    for item in tokenizer_json.get("added_tokens") or []:
-        entries.append((int(item["id"]), item["content"], bool(item.get("special"))))
     decoder = files.tokenizer_config.get("added_tokens_decoder") or {}
-    for token_id, item in decoder.items():
+    items = [(item.get("id"), item) for item in tokenizer_json.get("added_tokens") or []]
+    items += list(decoder.items())
+    for token_id, item in items:
         text = item.get("content") if isinstance(item, dict) else None
-        if not isinstance(text, str):
-            raise TokenizerError(f"{model_dir / TOKENIZER_CONFIG}: added_tokens_decoder[{token_id!r}] has no content")
+        if not isinstance(text, str) or not text:
+            raise TokenizerError(f"{model_dir}: added token {token_id!r} has no content")
+        if item.get("lstrip") or item.get("rstrip"):
+            log.warning("%s: added token %r strips neighbouring spaces in transformers; llama.cpp keeps them",
+                        model_dir, text)
         entries.append((int(token_id), text, bool(item.get("special"))))
     return entries
 
@@ -127,6 +130,7 @@ def load_sentencepiece_vocabulary(
     vocab.add_space_prefix = add_prefix if isinstance(add_prefix, bool) else proto.normalizer_spec.add_dummy_prefix
     vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
 
+    # transformers' LlamaTokenizer defaults to the model's <unk>, <s> and </s>, and to no pad token.
     spec = proto.trainer_spec
-    declared = {"unk": spec.unk_id, "bos": spec.bos_id, "eos": spec.eos_id, "pad": spec.pad_id}
+    declared = {"unk": spec.unk_id, "bos": spec.bos_id, "eos": spec.eos_id}
     return vocab, {role: i for role, i in declared.items() if 0 <= i < len(proto.pieces)}
