@@ -72,6 +72,11 @@ def _check_supported(proto: Any, path: Path) -> None:
         )
     if proto.trainer_spec.treat_whitespace_as_suffix:
         raise TokenizerError(f"{path}: SentencePiece treat_whitespace_as_suffix is not supported by llama.cpp")
+    if normalizer.remove_extra_whitespaces:
+        # Neither llama.cpp's SPM tokenizer nor transformers' converted tokenizer collapses runs of
+        # whitespace, so both split such runs differently from the sentencepiece library.
+        log.warning("%s: remove_extra_whitespaces is not applied by llama.cpp (nor by transformers' fast "
+                    "tokenizer); runs of spaces tokenize differently from the sentencepiece library", path)
 
 
 def _apply_added_tokens(vocab: Vocabulary, entries: list[tuple[int, str, bool | None]], source: Path) -> None:
