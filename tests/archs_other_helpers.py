@@ -92,44 +92,8 @@ def dequantized(entry) -> np.ndarray:
 
 
 def convert_for_tests(model_dir: Path, out: Path, outtype: str = "f32") -> Path:
-    """Convert with ggufsmith's pipeline once it exists; until then a minimal stand-in that uses
-    the same plugin, writer and quantizers (float types only), so the plugins can be checked
-    against llama.cpp and transformers now. TODO: drop the stand-in when the pipeline is on main."""
+    """Convert with ggufsmith's public API, as a user would."""
     import ggufsmith
 
-    if hasattr(ggufsmith, "convert"):
-        ggufsmith.convert(model_dir, out, outtype=outtype)
-        return out
-    return _standin_convert(Path(model_dir), Path(out), outtype)
-
-
-def _standin_convert(model_dir: Path, out: Path, outtype: str) -> Path:
-    from safetensors.numpy import load_file
-
-    from ggufsmith.constants import GGML_TYPE_LAYOUT, GGMLType, Keys
-    from ggufsmith.gguf_writer.metadata import Metadata
-    from ggufsmith.gguf_writer.writer import GGUFWriter
-    from ggufsmith.quantize import quantize
-
-    plugin = plugin_for(model_dir)
-    state = load_file(str(model_dir / "model.safetensors"))
-    mapped = plugin.map_tensors({k: LazyTensor.from_array(v.astype(np.float32), "F32", k) for k, v in state.items()})
-    md = Metadata()
-    md.add_string(Keys.General.ARCHITECTURE, plugin.name)
-    md.update(plugin.metadata())
-    from ggufsmith.converters.tokenizer import export_tokenizer
-
-    vocab_size = plugin.config.get("vocab_size", default=None)
-    md.update(export_tokenizer(model_dir, vocab_size=vocab_size, kind=plugin.tokenizer_kind))
-    wanted = GGMLType[outtype.upper()]
-    with GGUFWriter(out, md) as w:
-        types = {}
-        for t in mapped:
-            keep = len(t.tensor.shape) <= 1 or plugin.keep_f32(t.name)
-            types[t.name] = GGMLType.F32 if keep else wanted
-            if t.tensor.shape[-1] % GGML_TYPE_LAYOUT[types[t.name]].block_size:
-                types[t.name] = GGMLType.F16  # as llama.cpp's converter falls back
-            w.add_tensor(t.name, t.tensor.shape, types[t.name])
-        for t in mapped:
-            w.write_tensor(t.name, quantize(t.tensor.load(), types[t.name]))
+    ggufsmith.convert(model_dir, out, outtype=outtype)
     return out

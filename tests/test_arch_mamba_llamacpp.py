@@ -70,7 +70,8 @@ def test_same_as_convert_hf_to_gguf(mamba_dir, tmp_path):
     """Every {arch}.* key and every tensor (name, shape, type, bytes) of the f32 file equals
     llama.cpp's converter's, except A = -exp(A_log), where ours is correctly rounded and llama.cpp's
     (torch's float32 exp) may be one unit in the last place away."""
-    reference = pytest.importorskip("tests.llamacpp_reference")  # TODO: plain import once on main
+    from tests import llamacpp_reference as reference
+
     folder, _ = mamba_dir
     ref_path = tmp_path / "reference.gguf"
     _run_reference_with_pre(reference, folder, ref_path, "gpt-2")
