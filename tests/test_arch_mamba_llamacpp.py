@@ -115,3 +115,16 @@ def _run_reference_with_pre(reference, model_dir, out, pre: str) -> None:
         capture_output=True, text=True, env=reference.reference_env(), timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_transformers_gguf_loader_reads_our_file(mamba_dir, prompt_ids, tmp_path):
+    """transformers' own GGUF loader (which turns ssm_a back into A_log) gives the original logits."""
+    pytest.importorskip("accelerate")
+    folder, model = mamba_dir
+    convert_for_tests(folder, tmp_path / "mamba-f32.gguf", "f32")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="mamba-f32.gguf").eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt_ids])).logits
+        got = loaded(torch.tensor([prompt_ids])).logits
+    error = (got - expected).abs().max().item() / expected.abs().max().item()
+    assert error < 1e-5, f"relative error {error:.2e}"

@@ -189,3 +189,17 @@ def test_no_rescaling_when_the_config_has_none(rwkv_case):
     assert plugin.metadata().get("rwkv.rescale_every_n_layers") == 0
     for t in plugin.map_tensors(lazy_source(stored)):
         np.testing.assert_array_equal(t.tensor.load(), stored[t.sources[0]].reshape(t.tensor.shape), err_msg=t.name)
+
+
+def test_pile_models_tokenizer_json_is_exported_as_bpe(tmp_path):
+    """RWKV-4 Pile checkpoints ship GPT-NeoX's tokenizer.json instead of the world vocabulary."""
+    from ggufsmith.arch.base import HFConfig
+    from ggufsmith.arch.rwkv import Rwkv
+    from ggufsmith.converters.tokenizer import export_tokenizer
+    from tests import tokenizer_helpers
+
+    tokenizer_helpers.train_bpe(tmp_path, "gpt2", vocab_size=300)
+    (tmp_path / "config.json").write_text('{"architectures": ["RwkvForCausalLM"], "vocab_size": 304}')
+    plugin = Rwkv(HFConfig.from_dir(tmp_path))
+    md = export_tokenizer(tmp_path, vocab_size=304, kind=plugin.tokenizer_kind)
+    assert md.get("tokenizer.ggml.model") == "gpt2"
