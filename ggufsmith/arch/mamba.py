@@ -50,7 +50,6 @@ class Mamba(Architecture):
         super().__init__(config)
         if config.get("tie_word_embeddings", default=True):
             # A tied lm_head is the embedding; llama.cpp reuses token_embd when output is absent.
-            self.tensor_names = {k: v for k, v in self.tensor_names.items() if k != "lm_head.weight"}
             self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:

@@ -86,7 +86,6 @@ class Whisper(Architecture):
         super().__init__(config)
         if config.get("tie_word_embeddings", default=True):
             # proj_out is the token embedding; a reader uses token_embd when output is absent.
-            self.tensor_names = {k: v for k, v in self.tensor_names.items() if k != "proj_out.weight"}
             self.ignored_tensors = (*type(self).ignored_tensors, r"proj_out\.weight")
 
     def metadata(self) -> Metadata:
