@@ -8,8 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.arch.base import HFConfig
-from ggufsmith.arch.registry import find_architecture
 from ggufsmith.converters.lazy_tensor import LazyTensor
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,11 +21,6 @@ def numpy_state_dict(model) -> dict[str, np.ndarray]:
 
 def lazy_source(state: dict[str, np.ndarray]) -> dict[str, LazyTensor]:
     return {k: LazyTensor.from_array(v, "F32", source=k) for k, v in state.items()}
-
-
-def plugin_for(model_dir: Path):
-    config = HFConfig.from_dir(model_dir)
-    return find_architecture(config)(config)
 
 
 def documented_names(arch: str) -> list[tuple[re.Pattern, str]]:

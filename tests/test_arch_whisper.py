@@ -180,3 +180,11 @@ def test_f16_file_holds_the_weights_rounded_to_f16(whisper_case, tmp_path):
         expected = torch.from_numpy(state[hf]).half().float().numpy() if f16 else state[hf]
         np.testing.assert_array_equal(dequantized(tensors[name]), expected, err_msg=name)
     assert tensors[MEL_FILTERS][1] == "F32"
+
+
+def test_registry_claims_rwkv_and_whisper():
+    from ggufsmith.arch.registry import find_architecture
+    from ggufsmith.arch.rwkv import Rwkv
+
+    assert find_architecture(HFConfig(CONFIG)) is Whisper
+    assert find_architecture(HFConfig({"architectures": ["RwkvForCausalLM"]})) is Rwkv
