@@ -352,3 +352,14 @@ def test_memory_stays_bounded_by_slices_not_tensors(tmp_path, toy_bf16):
     before_kib, peak_kib = map(int, proc.stdout.split())
     # Loading one tensor whole would add 128 MiB (float32) + 64 MiB (f16) on top of the imports.
     assert (peak_kib - before_kib) / 1024 < 100, (before_kib, peak_kib)
+
+
+def test_bf16_to_f16_shortcut_equals_numpy_for_every_bf16_value():
+    """The integer bf16 -> f16 path against numpy's float32 -> float16 cast, for all 65536 patterns."""
+    from ggufsmith.converters.pipeline import bf16_bits_to_f16_bits
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(over="ignore"):
+        expected = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float16).view(np.uint16)
+    got = bf16_bits_to_f16_bits(bits.reshape(256, 256)).view(np.uint16)
+    np.testing.assert_array_equal(got, expected)

@@ -60,6 +60,9 @@ class RowSlicedTensor(LazyTensor):
     """
 
     rows_loader: object = None  # Callable[[int, int], np.ndarray] returning rows [start, stop)
+    # The same rows as stored, without widening: bf16 as uint16 bit patterns. Lets the pipeline
+    # turn bf16 into f16 with integer operations instead of a float32 detour.
+    stored_rows_loader: object = None
 
     @property
     def n_rows(self) -> int:
@@ -67,6 +70,9 @@ class RowSlicedTensor(LazyTensor):
 
     def load_rows(self, start: int, stop: int) -> np.ndarray:
         return self.rows_loader(start, stop)
+
+    def load_stored_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.stored_rows_loader(start, stop)
 
 
 class SafetensorsFile:
@@ -133,17 +139,19 @@ class SafetensorsFile:
         row_length = shape_t[-1] if shape_t else 1
         start = self.data_start + begin
 
-        def load_rows(first: int, stop: int) -> np.ndarray:
+        def load_rows(first: int, stop: int, widen=bf16_bits_to_f32 if dtype_name == "BF16" else np.copy) -> np.ndarray:
             rows = stop - first
-            widen = bf16_bits_to_f32 if dtype_name == "BF16" else np.copy
             data = self._read(start + first * row_length * storage.itemsize, rows * row_length, storage, widen)
             return data.reshape(rows, row_length)
+
+        def load_stored_rows(first: int, stop: int) -> np.ndarray:
+            return load_rows(first, stop, widen=np.copy)
 
         def load() -> np.ndarray:
             n_rows = n_elements // row_length if row_length else 0
             return load_rows(0, n_rows).reshape(shape_t) if n_elements else np.zeros(shape_t, _loaded_dtype(storage, dtype_name))
 
-        return RowSlicedTensor(shape_t, dtype_name, load, f"{self.path.name}:{name}", load_rows)
+        return RowSlicedTensor(shape_t, dtype_name, load, f"{self.path.name}:{name}", load_rows, load_stored_rows)
 
     def _read(self, offset: int, count: int, storage: np.dtype, convert) -> np.ndarray:
         """convert(the `count` elements at byte `offset`): a copy out of the map, whose pages are then dropped."""
