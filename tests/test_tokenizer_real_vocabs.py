@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ggufsmith.converters.tokenizer import export_tokenizer
+from ggufsmith.converters.tokenizer import pretokenizer as pt
 from tests import tokenizer_configs as configs
 from tests.tokenizer_helpers import load_llama_vocab, write_vocab_gguf
 
@@ -41,6 +42,11 @@ BPE_VOCABS = {
     "command-r": (configs.STARCODER, {"type": "NFC"}, False, {"starcoder", "smollm"}),
     "falcon": (configs.FALCON, None, False, {"falcon"}),
     "deepseek-coder": (configs.DEEPSEEK_CODER, None, False, {"deepseek-coder"}),
+    # Spelled from our own table (their files' exact spelling unknown to us): these two check that
+    # the table's regexes reproduce the real tokenizers.
+    "qwen35": (configs.split_then_byte_level(pt.QWEN35_REGEX), None, False, {"qwen35"}),
+    "deepseek-llm": (configs.split_then_byte_level(*pt.DEEPSEEK_LLM_REGEXES[:-1], digits=False), None, False,
+                     {"deepseek-llm"}),
 }
 SPM_VOCABS = ["llama-spm", "phi-3"]
 _SEPARATOR = "\n__ggml_vocab_test__\n"
