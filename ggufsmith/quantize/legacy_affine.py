@@ -18,6 +18,7 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_affine import (
     F32,
+    aligned_empty,
     first_max,
     first_min,
     float_exceptions_expected,
@@ -41,15 +42,14 @@ def _ref_levels(rows: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np
     span = high - low
     d = span / F32(nmax)
     inv_d = np.where(d != 0, F32(1) / d, F32(0))
-    scaled = x - low
+    scaled = np.subtract(x, low, out=aligned_empty(x.shape))
     scaled *= inv_d
     scaled += F32(0.5)
     if np.isfinite(inv_d).all() and np.isfinite(span).all():
-        # Then 0 <= scaled < nmax + 1: C's truncating conversion is a plain cast to bytes.
-        levels = scaled.astype(np.uint8)
-        if nmax == 15:
-            np.minimum(levels, 15, out=levels)
-        return d, low, levels
+        # Then 0.5 <= scaled < nmax + 1 (a finite 1/d means d is precise to 2^-21 even when
+        # subnormal), so C's truncating conversion is a plain cast to bytes and Q4_1's MIN(15, .)
+        # never binds.
+        return d, low, scaled.astype(np.uint8)
     # Degenerate blocks (span overflowing, or 1/d infinite): emulate C's conversion exactly,
     # cvttss2si giving INT_MIN for NaN and out-of-range values, then the byte store.
     wide = scaled.astype(np.int32)
