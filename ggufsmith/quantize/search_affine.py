@@ -259,8 +259,9 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
     n = x.shape[0]
     fnmax = F32(nmax)
 
-    high = np.maximum.reduce(x, axis=0)
-    high = np.where(high > 0, high, F32(0))
+    high = np.zeros(x.shape[1], dtype=F32)
+    for row in x:  # C's MAX(max, x[i]) = max > x[i] ? max : x[i], NaN included
+        high = np.where(high > row, high, row)
     all_zero = high < GROUP_MAX_EPS
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
