@@ -165,7 +165,9 @@ def test_rejects_nan_and_inf(ggml_type, bad):
         quantize(rows, ggml_type)
 
 
-def test_q8_0_has_no_importance_path():
-    # ggml ignores an imatrix for Q8_0; we refuse it rather than silently drop it.
-    with pytest.raises(QuantizationError, match="importance"):
-        quantize(np.ones((1, 32), np.float32), GGMLType.Q8_0, np.ones(32, np.float32))
+def test_q8_0_ignores_importance_as_ggml_does():
+    rows = np.random.default_rng(9).standard_normal((64, 256), dtype=np.float32)
+    importance = np.random.default_rng(10).lognormal(0.0, 2.0, 256).astype(np.float32)
+    expected = ggml_quantize(rows, int(GGMLType.Q8_0), importance)
+    assert_same_bytes(quantize(rows, GGMLType.Q8_0, importance), expected, GGMLType.Q8_0, "with imatrix")
+    assert_same_bytes(quantize(rows, GGMLType.Q8_0), expected, GGMLType.Q8_0, "without imatrix")

@@ -3,7 +3,7 @@
 Without an importance vector these follow ggml's quantize_row_*_ref (scale from the value of
 largest magnitude, truncating casts); with one, Q4_0 and Q5_0 follow quantize_row_q4_0_impl /
 q5_0_impl (per-value weights imatrix * sqrt(row variance + x^2), scale from make_qx_quants).
-Q8_0 ignores importance in ggml too, so it does not accept any.
+Q8_0 accepts an importance vector and ignores it, as ggml does.
 
 Every step is a numpy operation over all blocks of the chunk at once; the registry hands us at
 most ~1M values, so temporaries stay within a few copies of 4 MiB.
@@ -129,9 +129,11 @@ def _levels_ref(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     shifted = blocks * inv[:, None]
     shifted += np.float32(half_range + 0.5)
     _zero_overflowed_blocks(shifted, inv)
-    # MIN(top, (int8_t)shifted): the cast truncates toward zero; shifted is within 0 .. 2**bits + 1.
+    # MIN(2**bits - 1, (int8_t)shifted): the cast truncates toward zero. Outside overflowed blocks
+    # |x / d| <= 2**(bits-1) * (1 + 2**-21), so the cast gives 0 .. 2**bits and only 2**bits needs
+    # lowering by one: a shift and a subtract, several times faster than np.minimum on uint8.
     levels = shifted.astype(np.int8).view(np.uint8)
-    np.minimum(levels, 2 * half_range - 1, out=levels)
+    levels -= levels >> bits
     return d, levels
 
 
@@ -155,7 +157,8 @@ def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     d, levels = _levels(rows, importance, 4)
     out = np.empty((levels.shape[0], 2 + HALF), dtype=np.uint8)
     out[:, :2] = _scale_bytes(d)
-    out[:, 2:] = levels[:, :HALF] | (levels[:, HALF:] << 4)
+    levels[:, HALF:] <<= 4
+    np.bitwise_or(levels[:, :HALF], levels[:, HALF:], out=out[:, 2:])
     return out.reshape(rows.shape[0], -1)
 
 
@@ -195,6 +198,8 @@ def _q5_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return _signed_values(levels, d, 16, data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.Q8_0, _q8_0_quantize, _q8_0_dequantize))
+# ggml's quantize_q8_0 takes an imatrix and ignores it; so do we, so that one imatrix can be passed
+# for every tensor of a mixed-type conversion.
+register(QuantFormat(GGMLType.Q8_0, _q8_0_quantize, _q8_0_dequantize, supports_importance=True))
 register(QuantFormat(GGMLType.Q4_0, _q4_0_quantize, _q4_0_dequantize, supports_importance=True))
 register(QuantFormat(GGMLType.Q5_0, _q5_0_quantize, _q5_0_dequantize, supports_importance=True))
