@@ -86,8 +86,18 @@ def from_position_major(by_position: np.ndarray) -> np.ndarray:
 
 
 def ordered_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`."""
-    return np.add.reduce(terms, axis=0, initial=_ZERO)
+    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`.
+
+    For a C-contiguous [n, groups >= 2] array numpy's reduce adds whole rows in order. With one
+    group the array is effectively 1-D and numpy sums it pairwise, which rounds differently: then
+    (and for any other layout) add the rows one by one.
+    """
+    if terms.ndim == 2 and terms.shape[1] >= 2 and terms.flags.c_contiguous:
+        return np.add.reduce(terms, axis=0, initial=_ZERO)
+    total = np.zeros(terms.shape[1:], dtype=np.float32)
+    for row in terms:
+        total += row
+    return total
 
 
 def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:
