@@ -9,16 +9,15 @@ dozen MiB.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_symmetric import (
     GROUP_MAX_EPS,
-    make_q3_quants,
     from_position_major,
+    ieee_quiet,
+    make_q3_quants,
     make_qx_quants,
     nearest_int,
     ordered_sum,
@@ -28,17 +27,6 @@ from ggufsmith.quantize.search_symmetric import (
 
 GROUP = 16
 GROUPS = QK_K // GROUP
-
-
-def _ieee_quiet(func):
-    """Extreme inputs overflow ggml's float32 math to Inf/NaN; we reproduce that without warnings."""
-
-    @functools.wraps(func)
-    def quiet(*args):
-        with np.errstate(all="ignore"):
-            return func(*args)
-
-    return quiet
 
 
 def _by_position(rows: np.ndarray) -> np.ndarray:
@@ -82,7 +70,7 @@ def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 Q6_K_BYTES = QK_K // 2 + QK_K // 4 + GROUPS + 2
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
     x = _by_position(rows)
@@ -109,7 +97,7 @@ def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q6_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, Q6_K_BYTES)
     n_blocks = blocks.shape[0]
@@ -160,7 +148,7 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position * np.sqrt(sigma2_by_group + x * x)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
     x = _by_position(rows)
@@ -188,7 +176,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, Q3_K_BYTES)
     n_blocks = blocks.shape[0]

@@ -11,13 +11,11 @@ most ~1M values, so temporaries stay within a few copies of 4 MiB.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_symmetric import from_position_major, make_qx_quants, to_position_major
+from ggufsmith.quantize.search_symmetric import from_position_major, ieee_quiet, make_qx_quants, to_position_major
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -56,18 +54,6 @@ def _block_signed_max(blocks: np.ndarray) -> np.ndarray:
     return signed
 
 
-def _ieee_quiet(func):
-    """Run a row function with numpy's float warnings off: for extreme inputs ggml's float32 math
-    overflows to Inf and makes NaN (e.g. 1/d of a subnormal d), and we reproduce it, not warn."""
-
-    @functools.wraps(func)
-    def quiet(*args):
-        with np.errstate(all="ignore"):
-            return func(*args)
-
-    return quiet
-
-
 def _inverse_or_zero(d: np.ndarray) -> np.ndarray:
     return np.where(d != 0, np.float32(1) / d, np.float32(0))
 
@@ -94,7 +80,7 @@ def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
 # --- Q8_0: int8 values, d = amax / 127 -----------------------------------------------------------
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_rows = rows.shape[0]
     blocks = rows.reshape(-1, BLOCK)
@@ -109,7 +95,7 @@ def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(n_rows, -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q8_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + BLOCK)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)
@@ -152,7 +138,7 @@ def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple
     return _levels_weighted(rows, importance, bits)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 4)
     out = np.empty((levels.shape[0], 2 + HALF), dtype=np.uint8)
@@ -162,7 +148,7 @@ def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q5_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 5)
     out = np.empty((levels.shape[0], 2 + 4 + HALF), dtype=np.uint8)
@@ -179,7 +165,7 @@ def _signed_values(levels: np.ndarray, d: np.ndarray, offset: int, n_rows: int, 
     return values.reshape(n_rows, row_length)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]
@@ -188,7 +174,7 @@ def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return _signed_values(levels, d, 8, data.shape[0], row_length)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q5_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + 4 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]

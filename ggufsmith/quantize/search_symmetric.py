@@ -17,6 +17,8 @@ of magnitude slower than arithmetic.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # ggml treats a group whose largest magnitude is below this as all zero.
@@ -31,6 +33,19 @@ Q3_TILE_GROUPS = 16384
 _ROUNDING_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
 _ZERO = np.float32(0)
 _TRANSPOSE_SLICE = 256
+
+
+def ieee_quiet(func):
+    """Run a row function with numpy's float warnings off: for extreme inputs ggml's float32 math
+    overflows to Inf and makes NaN (e.g. 1/d of a subnormal d, x*x of a huge x), and we reproduce
+    that rather than warn about it."""
+
+    @functools.wraps(func)
+    def quiet(*args):
+        with np.errstate(all="ignore"):
+            return func(*args)
+
+    return quiet
 
 
 def nearest_int(values: np.ndarray) -> np.ndarray:
