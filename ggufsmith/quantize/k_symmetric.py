@@ -204,9 +204,10 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     group_scale = d * scales.astype(np.float32)
 
     low = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).reshape(n_blocks, 8, 32)
-    high_set = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    levels = low.astype(np.int8) - np.where(high_set == 1, np.int8(0), np.int8(4))
-    values = group_scale[:, :, None] * levels.reshape(n_blocks, GROUPS, GROUP).astype(np.float32)
+    high = ((hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 2
+    # ggml: level - (high bit set ? 0 : 4), i.e. (level | high << 2) - 4
+    levels = (low | high).view(np.int8) - np.int8(4)
+    values = np.repeat(group_scale.reshape(-1), GROUP) * levels.reshape(-1).astype(np.float32)
     return values.reshape(data.shape[0], row_length)
 
 
