@@ -1,0 +1,179 @@
+"""The standard decoder plugins (falcon, gpt2, gptneox, gptj, bloom, mpt) on tiny transformers models.
+
+Oracles: gguf-py's table of tensor names per architecture (llama.cpp's Python package), the GGUF
+spec's list of required keys, transformers' own config objects for key values and, for gptj (which
+no GGML runtime loads), the checkpoint's weights themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggufsmith.arch.base import HFConfig
+from ggufsmith.arch.registry import find_architecture, get_architecture
+from ggufsmith.constants import GGUFValueType
+from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.errors import ConversionError
+from tests.decoder_models import VARIANTS, build_model, rewrite_as_rw_config
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+
+VOCAB = 300
+ARCH_OF = {kind: kind.split("-")[0] for kind in VARIANTS}
+
+# The GGUF spec's required keys per architecture (section "Models"), without the "{arch}." prefix.
+SPEC_REQUIRED = {
+    "mpt": ["context_length", "embedding_length", "block_count", "attention.head_count",
+            "attention.alibi_bias_max", "attention.clip_kqv", "attention.layer_norm_epsilon"],
+    "gptneox": ["context_length", "embedding_length", "block_count", "use_parallel_residual",
+                "rope.dimension_count", "attention.head_count", "attention.layer_norm_epsilon"],
+    "gptj": ["context_length", "embedding_length", "block_count", "rope.dimension_count",
+             "attention.head_count", "attention.layer_norm_epsilon"],
+    "gpt2": ["context_length", "embedding_length", "block_count", "attention.head_count",
+             "attention.layer_norm_epsilon"],
+    "bloom": ["context_length", "embedding_length", "block_count", "feed_forward_length",
+              "attention.head_count", "attention.layer_norm_epsilon"],
+    "falcon": ["context_length", "embedding_length", "block_count", "attention.head_count",
+               "attention.head_count_kv", "attention.use_norm", "attention.layer_norm_epsilon"],
+}
+# The spec types counts as uint64; llama.cpp reads them as uint32 and refuses any other type, as its
+# own converter knows: we write uint32 (see docs/architectures.md).
+SPEC_TYPES = {
+    "use_parallel_residual": GGUFValueType.BOOL,
+    "attention.use_norm": GGUFValueType.BOOL,
+    "attention.layer_norm_epsilon": GGUFValueType.FLOAT32,
+    "attention.alibi_bias_max": GGUFValueType.FLOAT32,
+    "attention.clip_kqv": GGUFValueType.FLOAT32,
+}
+
+
+def lazy_safetensors(model_dir: Path) -> dict[str, LazyTensor]:
+    from safetensors.numpy import load_file
+
+    arrays = load_file(model_dir / "model.safetensors")
+    return {name: LazyTensor.from_array(array, source=name) for name, array in arrays.items()}
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("decoders")
+    return {kind: build_model(kind, root / kind, VOCAB) for kind in VARIANTS}
+
+
+def plugin_for(model_dir: Path):
+    config = HFConfig.from_dir(model_dir)
+    return find_architecture(config)(config)
+
+
+def gguf_py_names(arch: str, n_blocks: int) -> set[str]:
+    """Every tensor name llama.cpp's gguf-py knows for the architecture, for .weight and .bias."""
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = set()
+    for tensor in gguf.MODEL_TENSORS[model_arch]:
+        template = gguf.TENSOR_NAMES[tensor]
+        for bid in range(n_blocks):
+            for suffix in ("weight", "bias"):
+                names.add(f"{template.format(bid=bid)}.{suffix}")
+    return names
+
+
+@pytest.mark.parametrize("kind", list(VARIANTS))
+def test_plugin_is_found_from_config_json(models, kind):
+    assert plugin_for(models[kind]).name == ARCH_OF[kind]
+
+
+@pytest.mark.parametrize("kind", list(VARIANTS))
+def test_every_tensor_gets_a_name_llama_cpp_knows(models, kind):
+    plugin = plugin_for(models[kind])
+    source = lazy_safetensors(models[kind])
+    mapped = plugin.map_tensors(source)
+    names = [m.name for m in mapped]
+    assert len(names) == len(set(names)) == len(source)
+    assert set(names) <= gguf_py_names(plugin.name, 2)
+    for m in mapped:
+        assert m.tensor.load().shape == m.tensor.shape, m.name
+
+
+@pytest.mark.parametrize("kind", list(VARIANTS))
+def test_spec_required_keys_present_with_spec_types(models, kind):
+    arch = ARCH_OF[kind]
+    metadata = {k: v for k, v in plugin_for(models[kind]).metadata().items()}
+    for key in SPEC_REQUIRED[arch]:
+        full = f"{arch}.{key}"
+        assert full in metadata, full
+        assert metadata[full].type == SPEC_TYPES.get(key, GGUFValueType.UINT32), full
+
+
+def test_gptj_keys_are_the_transformers_config_values(models):
+    from transformers import GPTJConfig
+
+    config = GPTJConfig.from_pretrained(models["gptj"])
+    values = {k: v.value for k, v in plugin_for(models["gptj"]).metadata().items()}
+    assert values == {
+        "gptj.context_length": config.n_positions,
+        "gptj.embedding_length": config.n_embd,
+        "gptj.block_count": config.n_layer,
+        "gptj.feed_forward_length": 4 * config.n_embd,  # n_inner unset: transformers' GPTJMLP uses 4 * n_embd
+        "gptj.rope.dimension_count": config.rotary_dim,
+        "gptj.attention.head_count": config.n_head,
+        "gptj.attention.layer_norm_epsilon": pytest.approx(config.layer_norm_epsilon),
+    }
+
+
+def test_gptj_tensors_are_the_checkpoint_weights_unchanged(models):
+    """gptj has no runtime to check logits against: its documented transform is the identity, so
+    every tensor must be the HF weight, bit for bit, under the name the plugin documents."""
+    import torch
+    from transformers import GPTJForCausalLM
+
+    hf = {k: v.numpy() for k, v in GPTJForCausalLM.from_pretrained(models["gptj"], dtype=torch.float32).state_dict().items()}
+    plugin = plugin_for(models["gptj"])
+    mapped = plugin.map_tensors(lazy_safetensors(models["gptj"]))
+    table = {gguf_name.format(bid=b): hf_name.format(bid=b) for hf_name, gguf_name in plugin.tensor_names.items() for b in range(2)}
+    assert len(mapped) == len(hf)
+    for m in mapped:
+        assert m.sources == (table[m.name],)
+        np.testing.assert_array_equal(m.tensor.load(), hf[table[m.name]], err_msg=m.name)
+
+
+@pytest.mark.parametrize("kind", ["falcon-mq", "falcon-gqa"])
+def test_falcon_rw_config_converts_like_the_transformers_config(models, tmp_path, kind):
+    current = plugin_for(models[kind])
+    old_dir = tmp_path / "rw"
+    old_dir.mkdir()
+    (old_dir / "model.safetensors").symlink_to(models[kind] / "model.safetensors")
+    (old_dir / "config.json").write_text((models[kind] / "config.json").read_text())
+    rewrite_as_rw_config(old_dir)
+    old = plugin_for(old_dir)
+    assert old.name == "falcon"
+    drop = {"falcon.rope.freq_base"}  # the RW configs have no rope_theta: llama.cpp's default (the same 10000) applies
+    assert {k: v for k, v in current.metadata().items() if k not in drop} == dict(old.metadata().items())
+    for a, b in zip(current.map_tensors(lazy_safetensors(models[kind])), old.map_tensors(lazy_safetensors(old_dir))):
+        assert a.name == b.name
+        np.testing.assert_array_equal(a.tensor.load(), b.tensor.load())
+
+
+@pytest.mark.parametrize(
+    "arch, fields, message",
+    [
+        ("falcon", {"alibi": True}, "alibi"),
+        ("falcon", {"bias": True}, "bias"),
+        ("falcon", {"parallel_attn": False}, "parallel_attn"),
+        ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+        ("gptneox", {"tie_word_embeddings": True}, "tie_word_embeddings"),
+        ("bloom", {"apply_residual_connection_post_layernorm": True}, "apply_residual_connection_post_layernorm"),
+        ("mpt", {"logit_scale": 0.5}, "logit_scale"),
+        ("falcon", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope scaling"),
+    ],
+)
+def test_variants_llama_cpp_cannot_run_are_refused(models, arch, fields, message):
+    kind = next(k for k in VARIANTS if ARCH_OF[k] == arch)
+    values = json.loads((models[kind] / "config.json").read_text()) | fields
+    with pytest.raises(ConversionError, match=message):
+        plugin = get_architecture(arch)(HFConfig(values, models[kind] / "config.json"))
+        plugin.metadata()
