@@ -47,12 +47,14 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def build_model(kind: str, model_dir: Path, vocab_size: int, seed: int = 0) -> Path:
-    """Save a random model of `kind` (a VARIANTS key) in model_dir as model.safetensors + config.json."""
+def build_model(kind: str, model_dir: Path, vocab_size: int, seed: int = 0, **overrides) -> Path:
+    """Save a random model of `kind` (a VARIANTS key) in model_dir as model.safetensors + config.json.
+    Special token ids default to 0 (the first token of the tests' tokenizers)."""
     import torch
     import transformers
 
     config_class, model_class, fields = VARIANTS[kind]
+    fields = dict(bos_token_id=0, eos_token_id=0) | fields | overrides
     config = getattr(transformers, config_class)(vocab_size=vocab_size, **fields)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
@@ -105,3 +107,21 @@ def rewrite_as_rw_config(model_dir: Path) -> None:
     else:
         old.update(model_type="RefinedWebModel", multi_query=config["multi_query"])
     (model_dir / "config.json").write_text(json.dumps(old, indent=1))
+
+
+def train_gpt2_style_bpe(model_dir: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (GPT-2 pre-tokenizer) trained on a few multilingual lines, saved by
+    transformers; enough for the reference converter, which reads any model's tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    lines = ["The quick brown fox jumps over the lazy dog.", "Größere Äpfel schmecken süß.",
+             "我们今天去公园散步。", "Привет, как дела?", "def f(x):\n    return x ** 2  # 42"] * 20
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(lines, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                            clean_up_tokenization_spaces=False).save_pretrained(model_dir)

@@ -177,3 +177,77 @@ def test_variants_llama_cpp_cannot_run_are_refused(models, arch, fields, message
     with pytest.raises(ConversionError, match=message):
         plugin = get_architecture(arch)(HFConfig(values, models[kind] / "config.json"))
         plugin.metadata()
+
+
+# --- against llama.cpp's convert_hf_to_gguf.py ------------------------------------------------------
+
+from tests import decoder_reference  # noqa: E402
+from tests.decoder_models import train_gpt2_style_bpe  # noqa: E402
+
+# Config fields the reference converter reads under names transformers >= 5 no longer writes (or a
+# class name transformers does not use), added so that it runs; ours reads both spellings.
+REFERENCE_CONFIG_EDITS = {
+    "gpt2": lambda c: c | {"n_ctx": c["n_positions"]},
+    # The reference reads rotary_pct, which transformers' AutoConfig (that the reference reads
+    # config.json through) turns into rope_parameters; an unknown model_type makes it fall back to
+    # the JSON as written.
+    "gptneox": lambda c: c | {"rotary_pct": c["rope_parameters"]["partial_rotary_factor"], "model_type": "json-only"},
+    "gptneox-sequential": lambda c: c | {"rotary_pct": c["rope_parameters"]["partial_rotary_factor"],
+                                         "model_type": "json-only"},
+    # The reference reads config.json through transformers' AutoConfig, which sets num_kv_heads =
+    # num_attention_heads when absent; the reference then takes that even for multi_query models
+    # (where transformers ignores it) and fails on the qkv. From the RW config it converts them.
+    "falcon-mq": "rw",
+    "mpt": lambda c: c | {"architectures": ["MPTForCausalLM"]},
+}
+# Keys only we write, and why (see docs/architectures.md):
+ONLY_OURS = {
+    # rope_theta from config.json; the reference leaves llama.cpp's default, wrong for other values.
+    "falcon": {"falcon.rope.freq_base", "falcon.attention.use_norm"},  # use_norm: required by the spec
+    "gptneox": {"gptneox.rope.freq_base"},
+    # the spec's names for what llama.cpp reads as max_alibi_bias and clamp_kqv
+    "mpt": {"mpt.attention.alibi_bias_max", "mpt.attention.clip_kqv"},
+}
+# Keys both write with different values, and why:
+DIFFERENT_VALUES = {
+    # bloom's config.json has no context length (seq_length is absent from transformers' BloomConfig):
+    # the reference falls back to hidden_size, we to BLOOM's 2048.
+    "bloom": {"bloom.context_length"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not decoder_reference.available(), reason="llama.cpp source tree not found")
+@pytest.mark.parametrize("kind", [k for k in VARIANTS if ARCH_OF[k] != "gptj"])
+def test_same_keys_and_tensor_bytes_as_convert_hf_to_gguf(models, tmp_path, kind):
+    model_dir = tmp_path / kind
+    model_dir.mkdir()
+    (model_dir / "model.safetensors").symlink_to(models[kind] / "model.safetensors")
+    config = json.loads((models[kind] / "config.json").read_text())
+    edit = REFERENCE_CONFIG_EDITS.get(kind, lambda c: c)
+    (model_dir / "config.json").write_text(json.dumps(config if edit == "rw" else edit(config)))
+    if edit == "rw":
+        rewrite_as_rw_config(model_dir)
+    train_gpt2_style_bpe(model_dir, VOCAB)
+    theirs_keys, theirs_tensors = decoder_reference.read_gguf(
+        decoder_reference.reference_convert(model_dir, tmp_path / "reference.gguf")
+    )
+
+    plugin = plugin_for(model_dir)
+    arch = plugin.name
+    ours_keys = {k: v for k, v in plugin.metadata().items()}
+    theirs_arch = {k: v for k, v in theirs_keys.items() if k.startswith(f"{arch}.")}
+    assert set(ours_keys) - set(theirs_arch) <= ONLY_OURS.get(arch, set())
+    assert set(theirs_arch) <= set(ours_keys)
+    for key in set(theirs_arch) - DIFFERENT_VALUES.get(arch, set()):
+        value, vtype = theirs_arch[key]
+        assert int(ours_keys[key].type) == int(vtype), key
+        assert ours_keys[key].value == pytest.approx(value), key
+
+    ours_tensors = {m.name: m.tensor.load() for m in plugin.map_tensors(lazy_safetensors(model_dir))}
+    assert set(ours_tensors) == set(theirs_tensors)
+    for name, (data, ggml_type) in theirs_tensors.items():
+        assert int(ggml_type) == 0, name  # F32 for --outtype f32
+        assert ours_tensors[name].dtype == np.float32
+        assert ours_tensors[name].shape == data.shape, name
+        assert ours_tensors[name].tobytes() == data.tobytes(), name
