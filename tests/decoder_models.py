@@ -39,9 +39,11 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})),
     "bloom": ("BloomConfig", "BloomForCausalLM", dict(
         hidden_size=HIDDEN, n_head=HEADS, n_layer=LAYERS)),
+    # alibi_bias_max: transformers' MptModel always uses 8 whatever the config says (MosaicML's code
+    # uses the config's value, as llama.cpp does with the key we write), so the tests keep 8.
     "mpt": ("MptConfig", "MptForCausalLM", dict(
         d_model=HIDDEN, n_heads=HEADS, n_layers=LAYERS, max_seq_len=CONTEXT,
-        attn_config={"alibi": True, "alibi_bias_max": 4, "clip_qkv": 1.5})),
+        attn_config={"alibi": True, "alibi_bias_max": 8, "clip_qkv": 1.5})),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(
         n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=CONTEXT, rotary_dim=8)),
 }
