@@ -110,20 +110,3 @@ def rewrite_as_rw_config(model_dir: Path) -> None:
         old.update(model_type="RefinedWebModel", multi_query=config["multi_query"])
     (model_dir / "config.json").write_text(json.dumps(old, indent=1))
 
-
-def train_gpt2_style_bpe(model_dir: Path, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer (GPT-2 pre-tokenizer) trained on a few multilingual lines, saved by
-    transformers; enough for the reference converter, which reads any model's tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    lines = ["The quick brown fox jumps over the lazy dog.", "Größere Äpfel schmecken süß.",
-             "我们今天去公园散步。", "Привет, как дела?", "def f(x):\n    return x ** 2  # 42"] * 20
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(lines, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            clean_up_tokenization_spaces=False).save_pretrained(model_dir)

@@ -182,7 +182,10 @@ def test_variants_llama_cpp_cannot_run_are_refused(models, arch, fields, message
 # --- against llama.cpp's convert_hf_to_gguf.py ------------------------------------------------------
 
 from tests import decoder_reference  # noqa: E402
-from tests.decoder_models import train_gpt2_style_bpe  # noqa: E402
+from tests.decoder_convert import convert  # noqa: E402
+from tests.test_tokenizer_vs_convert_hf import ONLY_OURS as TOKENIZER_ONLY_OURS  # noqa: E402
+from tests.test_tokenizer_vs_convert_hf import ONLY_THEIRS as TOKENIZER_ONLY_THEIRS  # noqa: E402
+from tests.tokenizer_helpers import train_bpe  # noqa: E402
 
 # Config fields the reference converter reads under names transformers >= 5 no longer writes (or a
 # class name transformers does not use), added so that it runs; ours reads both spellings.
@@ -192,11 +195,9 @@ REFERENCE_CONFIG_EDITS = {
     # config.json through) turns into rope_parameters; an unknown model_type makes it fall back to
     # the JSON as written.
     "gptneox": lambda c: c | {"rotary_pct": c["rope_parameters"]["partial_rotary_factor"], "model_type": "json-only"},
-    "gptneox-sequential": lambda c: c | {"rotary_pct": c["rope_parameters"]["partial_rotary_factor"],
-                                         "model_type": "json-only"},
-    # The reference reads config.json through transformers' AutoConfig, which sets num_kv_heads =
-    # num_attention_heads when absent; the reference then takes that even for multi_query models
-    # (where transformers ignores it) and fails on the qkv. From the RW config it converts them.
+    # AutoConfig also sets num_kv_heads = num_attention_heads when absent; the reference then takes
+    # that even for multi_query models (where transformers ignores it) and fails on the qkv. From
+    # the RW config it converts them.
     "falcon-mq": "rw",
     "mpt": lambda c: c | {"architectures": ["MPTForCausalLM"]},
 }
@@ -214,40 +215,62 @@ DIFFERENT_VALUES = {
     # the reference falls back to hidden_size, we to BLOOM's 2048.
     "bloom": {"bloom.context_length"},
 }
+TOKENIZER_STYLE = {"falcon": "falcon", "bloom": "bloom"}
+# Every architecture at f32; the quantized types for the three layout changes (regrouped qkv with
+# two kv heads, Conv1D transposes, regrouped qkv with biases and the embedding norm).
+REFERENCE_CASES = [(kind, "f32") for kind in VARIANTS if ARCH_OF[kind] != "gptj" and kind != "gptneox-sequential"] + [
+    (kind, outtype) for kind in ("falcon-gqa", "gpt2", "bloom") for outtype in ("f16", "q8_0")
+]
+
+
+@pytest.fixture(scope="session")
+def reference_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Each model with a trained tokenizer, its config.json written so the reference can read it."""
+    root = tmp_path_factory.mktemp("decoders_reference")
+    dirs = {}
+    for kind in {k for k, _ in REFERENCE_CASES}:
+        model_dir = root / kind
+        train_bpe(model_dir, TOKENIZER_STYLE.get(ARCH_OF[kind], "gpt2"))
+        n_tokens = len(json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]) + 1
+        build_model(kind, model_dir, n_tokens + 3)
+        edit = REFERENCE_CONFIG_EDITS.get(kind, lambda c: c)
+        if edit == "rw":
+            rewrite_as_rw_config(model_dir)
+        else:
+            config = json.loads((model_dir / "config.json").read_text())
+            (model_dir / "config.json").write_text(json.dumps(edit(config)))
+        dirs[kind] = model_dir
+    return dirs
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not decoder_reference.available(), reason="llama.cpp source tree not found")
-@pytest.mark.parametrize("kind", [k for k in VARIANTS if ARCH_OF[k] != "gptj"])
-def test_same_keys_and_tensor_bytes_as_convert_hf_to_gguf(models, tmp_path, kind):
-    model_dir = tmp_path / kind
-    model_dir.mkdir()
-    (model_dir / "model.safetensors").symlink_to(models[kind] / "model.safetensors")
-    config = json.loads((models[kind] / "config.json").read_text())
-    edit = REFERENCE_CONFIG_EDITS.get(kind, lambda c: c)
-    (model_dir / "config.json").write_text(json.dumps(config if edit == "rw" else edit(config)))
-    if edit == "rw":
-        rewrite_as_rw_config(model_dir)
-    train_gpt2_style_bpe(model_dir, VOCAB)
+@pytest.mark.parametrize("kind, outtype", REFERENCE_CASES)
+def test_same_keys_and_tensors_as_convert_hf_to_gguf(reference_dirs, tmp_path, kind, outtype):
+    model_dir = reference_dirs[kind]
+    arch = ARCH_OF[kind]
+    ours_keys, ours_tensors = decoder_reference.read_gguf(convert(model_dir, tmp_path / "ours.gguf", outtype))
+    pre = ours_keys["tokenizer.ggml.pre"][0]
     theirs_keys, theirs_tensors = decoder_reference.read_gguf(
-        decoder_reference.reference_convert(model_dir, tmp_path / "reference.gguf")
+        decoder_reference.reference_convert(model_dir, tmp_path / "reference.gguf", outtype, pre=pre)
     )
 
-    plugin = plugin_for(model_dir)
-    arch = plugin.name
-    ours_keys = {k: v for k, v in plugin.metadata().items()}
-    theirs_arch = {k: v for k, v in theirs_keys.items() if k.startswith(f"{arch}.")}
-    assert set(ours_keys) - set(theirs_arch) <= ONLY_OURS.get(arch, set())
-    assert set(theirs_arch) <= set(ours_keys)
-    for key in set(theirs_arch) - DIFFERENT_VALUES.get(arch, set()):
-        value, vtype = theirs_arch[key]
-        assert int(ours_keys[key].type) == int(vtype), key
-        assert ours_keys[key].value == pytest.approx(value), key
+    compared = [k for k in theirs_keys if k.startswith((f"{arch}.", "tokenizer.")) or k == "general.file_type"]
+    assert {k for k in ours_keys if k.startswith(f"{arch}.")} - set(theirs_keys) <= ONLY_OURS.get(arch, set())
+    assert {k for k in ours_keys if k.startswith("tokenizer.")} - set(theirs_keys) <= TOKENIZER_ONLY_OURS
+    for key in compared:
+        if key in TOKENIZER_ONLY_THEIRS:
+            continue
+        assert key in ours_keys, key
+        if key in DIFFERENT_VALUES.get(arch, set()):
+            continue
+        (ours, ours_type), (theirs, theirs_type) = ours_keys[key], theirs_keys[key]
+        assert int(ours_type) == int(theirs_type), key
+        assert ours == (pytest.approx(theirs) if isinstance(theirs, float) else theirs), key
 
-    ours_tensors = {m.name: m.tensor.load() for m in plugin.map_tensors(lazy_safetensors(model_dir))}
     assert set(ours_tensors) == set(theirs_tensors)
     for name, (data, ggml_type) in theirs_tensors.items():
-        assert int(ggml_type) == 0, name  # F32 for --outtype f32
-        assert ours_tensors[name].dtype == np.float32
-        assert ours_tensors[name].shape == data.shape, name
-        assert ours_tensors[name].tobytes() == data.tobytes(), name
+        ours, ours_type = ours_tensors[name]
+        assert int(ours_type) == int(ggml_type), name
+        assert ours.shape == data.shape, name
+        assert ours.tobytes() == data.tobytes(), name

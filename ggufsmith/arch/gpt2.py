@@ -47,6 +47,8 @@ class GPT2(Architecture):
         **{f"transformer.{hf}": gguf for hf, gguf in _NAMES.items()},
         **_NAMES,
     }
+    # Position embeddings stay F32 whatever the outtype, as llama.cpp's converter and quantizer keep them.
+    f32_tensors = (r"position_embd\.weight",)
     # The causal-mask buffers older transformers saved with the weights.
     ignored_tensors = (r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias",)
 

@@ -44,6 +44,9 @@ class MPT(Architecture):
         ),
     }
 
+    # Position embeddings stay F32 whatever the outtype, as llama.cpp's converter and quantizer keep them.
+    f32_tensors = (r"position_embd\.weight",)
+
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         self.attn_config = dict(config.get("attn_config", default={}))
