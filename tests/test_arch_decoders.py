@@ -274,3 +274,37 @@ def test_same_keys_and_tensors_as_convert_hf_to_gguf(reference_dirs, tmp_path, k
         assert int(ours_type) == int(ggml_type), name
         assert ours.shape == data.shape, name
         assert ours.tobytes() == data.tobytes(), name
+
+
+# Buffers that checkpoints saved by older transformers carry next to the weights (causal masks, rotary
+# tables): dropped on purpose. Anything else unknown must stop the conversion.
+OLD_BUFFERS = {
+    "gpt2": ["transformer.h.0.attn.bias", "transformer.h.1.attn.masked_bias"],
+    "gptneox": ["gpt_neox.layers.0.attention.bias", "gpt_neox.layers.0.attention.masked_bias",
+                "gpt_neox.layers.1.attention.rotary_emb.inv_freq"],
+    "gptj": ["transformer.h.0.attn.bias", "transformer.h.0.attn.masked_bias"],
+}
+
+
+@pytest.mark.parametrize("kind", list(OLD_BUFFERS))
+def test_old_checkpoint_buffers_are_dropped_and_unknown_tensors_refused(models, kind):
+    plugin = plugin_for(models[kind])
+    source = lazy_safetensors(models[kind])
+    expected = [m.name for m in plugin.map_tensors(source)]
+    buffer = LazyTensor.from_array(np.zeros((4, 4), np.float32))
+    with_buffers = source | {name: buffer for name in OLD_BUFFERS[kind]}
+    assert [m.name for m in plugin.map_tensors(with_buffers)] == expected
+    with pytest.raises(ConversionError, match="transformer.h.0.unknown.weight"):
+        plugin.map_tensors(source | {"transformer.h.0.unknown.weight": buffer})
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bloom"])
+def test_checkpoints_without_the_transformer_prefix_map_the_same(models, kind):
+    """GPT2Model / BloomModel checkpoints (openai-community/gpt2, bigscience/bloom-560m) name
+    tensors without "transformer."."""
+    plugin = plugin_for(models[kind])
+    source = lazy_safetensors(models[kind])
+    bare = {name.removeprefix("transformer."): tensor for name, tensor in source.items()}
+    for a, b in zip(plugin.map_tensors(source), plugin.map_tensors(bare)):
+        assert a.name == b.name
+        np.testing.assert_array_equal(a.tensor.load(), b.tensor.load())
