@@ -28,7 +28,7 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
         hidden_size=HIDDEN, num_attention_heads=HEADS, num_kv_heads=2, num_hidden_layers=LAYERS,
         new_decoder_architecture=True, bias=False, max_position_embeddings=2048)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
-        n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=CONTEXT)),
+        n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=1024)),  # transformers' GGUF loader assumes 1024
     "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
         hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=LAYERS, intermediate_size=4 * HIDDEN,
         max_position_embeddings=CONTEXT, use_parallel_residual=True,

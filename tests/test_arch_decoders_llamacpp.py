@@ -113,3 +113,18 @@ def test_llama_cpp_tokenizes_like_transformers(converted, model_dirs, kind):
     finally:
         llm.close()
     assert ours == AutoTokenizer.from_pretrained(model_dirs[kind]).encode(CHECK_TEXT, add_special_tokens=False)
+
+
+# transformers' own GGUF loader undoes the layout changes independently of us. It reads gpt2, bloom
+# and falcon, but not the grouped (40B) falcon: it never sets new_decoder_architecture.
+@pytest.mark.parametrize("kind", ["gpt2", "bloom", "falcon-mq"])
+def test_transformers_gguf_loader_gives_the_original_logits(converted, reference_logits, kind, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    pytest.importorskip("accelerate")
+    path = converted(kind, "f32")
+    (tmp_path / "model.gguf").symlink_to(path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
+    ids, expected = reference_logits[kind]
+    np.testing.assert_allclose(hf_logits(model, ids), expected, rtol=0, atol=1e-5)
