@@ -21,6 +21,7 @@ from ggufsmith.quantize.search_symmetric import (
     from_position_major,
     make_qx_quants,
     nearest_int,
+    ordered_sum,
     signed_max_abs,
     to_position_major,
 )
@@ -159,13 +160,6 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position * np.sqrt(sigma2_by_group + x * x)
 
 
-def _ordered_sum_by_position(weights: np.ndarray) -> np.ndarray:
-    total = np.zeros(weights.shape[1], dtype=np.float32)
-    for row in weights:
-        total += row
-    return total
-
-
 @_ieee_quiet
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
@@ -176,7 +170,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     else:
         weights = _q3_k_group_weights(rows, importance, x)
         group_scales, levels = make_qx_quants(x, 4, weights)
-        stored, d = _q3_k_scales_weighted(group_scales, _ordered_sum_by_position(weights))
+        stored, d = _q3_k_scales_weighted(group_scales, ordered_sum(weights))
     d_bytes, d_stored = _fp16_round_trip(d)
     group_scale = (d_stored[:, None] * (stored.astype(np.float32) - np.float32(32))).reshape(-1)
     levels = _natural_order(_requantize(x, levels, group_scale, 4), n_blocks)
