@@ -244,7 +244,6 @@ def reference_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not decoder_reference.available(), reason="llama.cpp source tree not found")
 @pytest.mark.parametrize("kind, outtype", REFERENCE_CASES)
 def test_same_keys_and_tensors_as_convert_hf_to_gguf(reference_dirs, tmp_path, kind, outtype):
     model_dir = reference_dirs[kind]
