@@ -109,12 +109,45 @@ def test_spec_required_keys_present_with_spec_types(models, kind):
         assert metadata[full].type == SPEC_TYPES.get(key, GGUFValueType.UINT32), full
 
 
-def test_gptj_keys_are_the_transformers_config_values(models):
-    from transformers import GPTJConfig
+@pytest.fixture(scope="session")
+def gptj_dir(tmp_path_factory) -> Path:
+    from tests.tokenizer_helpers import train_bpe
 
-    config = GPTJConfig.from_pretrained(models["gptj"])
-    values = {k: v.value for k, v in plugin_for(models["gptj"]).metadata().items()}
-    assert values == {
+    model_dir = tmp_path_factory.mktemp("gptj") / "gptj"
+    train_bpe(model_dir, "gpt2")
+    n_tokens = len(json.loads((model_dir / "tokenizer.json").read_text())["model"]["vocab"]) + 1
+    return build_model("gptj", model_dir, n_tokens + 3)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16"])
+def test_gptj_file_holds_the_checkpoint_weights_unchanged(gptj_dir, tmp_path, outtype):
+    """gptj has no runtime to check logits against: its documented transform is the identity, so
+    every tensor read back from the file must be the HF weight (rounded to F16 for f16 matrices),
+    under the name the plugin's table gives it, and the keys must be transformers' config values."""
+    import torch
+    from transformers import GPTJForCausalLM
+
+    from tests.decoder_convert import convert
+    from tests.decoder_reference import read_gguf
+
+    model = GPTJForCausalLM.from_pretrained(gptj_dir, dtype=torch.float32)
+    hf = {k: v.numpy() for k, v in model.state_dict().items()}
+    keys, tensors = read_gguf(convert(gptj_dir, tmp_path / "gptj.gguf", outtype))
+    plugin = plugin_for(gptj_dir)
+    table = {gguf_name.format(bid=b): hf_name.format(bid=b) for hf_name, gguf_name in plugin.tensor_names.items() for b in range(2)}
+    assert len(tensors) == len(hf)
+    for name, (data, ggml_type) in tensors.items():
+        expected = hf[table[name]]
+        if expected.ndim == 2 and outtype == "f16":
+            assert int(ggml_type) == 1, name
+            expected = expected.astype(np.float16)
+        else:
+            assert int(ggml_type) == 0, name
+        np.testing.assert_array_equal(data.reshape(expected.shape), expected, err_msg=name)
+
+    config = model.config
+    assert keys["general.architecture"][0] == "gptj"
+    assert {k: v for k, (v, _) in keys.items() if k.startswith("gptj.")} == {
         "gptj.context_length": config.n_positions,
         "gptj.embedding_length": config.n_embd,
         "gptj.block_count": config.n_layer,
@@ -123,22 +156,6 @@ def test_gptj_keys_are_the_transformers_config_values(models):
         "gptj.attention.head_count": config.n_head,
         "gptj.attention.layer_norm_epsilon": pytest.approx(config.layer_norm_epsilon),
     }
-
-
-def test_gptj_tensors_are_the_checkpoint_weights_unchanged(models):
-    """gptj has no runtime to check logits against: its documented transform is the identity, so
-    every tensor must be the HF weight, bit for bit, under the name the plugin documents."""
-    import torch
-    from transformers import GPTJForCausalLM
-
-    hf = {k: v.numpy() for k, v in GPTJForCausalLM.from_pretrained(models["gptj"], dtype=torch.float32).state_dict().items()}
-    plugin = plugin_for(models["gptj"])
-    mapped = plugin.map_tensors(lazy_safetensors(models["gptj"]))
-    table = {gguf_name.format(bid=b): hf_name.format(bid=b) for hf_name, gguf_name in plugin.tensor_names.items() for b in range(2)}
-    assert len(mapped) == len(hf)
-    for m in mapped:
-        assert m.sources == (table[m.name],)
-        np.testing.assert_array_equal(m.tensor.load(), hf[table[m.name]], err_msg=m.name)
 
 
 @pytest.mark.parametrize("kind", ["falcon-mq", "falcon-gqa"])
