@@ -352,6 +352,9 @@ class Keys:
         DECODER_EMBEDDING_LENGTH = "{arch}.decoder.embedding_length"
         DECODER_BLOCK_COUNT = "{arch}.decoder.block_count"
         DECODER_HEAD_COUNT = "{arch}.decoder.attention.head_count"
+        # Not in the spec; the fc1/fc2 widths, named like [llm].feed_forward_length.
+        ENCODER_FEED_FORWARD_LENGTH = "{arch}.encoder.feed_forward_length"
+        DECODER_FEED_FORWARD_LENGTH = "{arch}.decoder.feed_forward_length"
 
     class Tokenizer:
         MODEL = "tokenizer.ggml.model"

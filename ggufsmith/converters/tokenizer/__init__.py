@@ -4,6 +4,7 @@ Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
   "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
+  "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
 Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
 """
 
@@ -18,13 +19,14 @@ from .bpe import load_bpe_vocabulary
 from .chat_template import add_chat_template_metadata
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
 from .pretokenizer import identify_pre_tokenizer
+from .rwkv_world import RWKV_WORLD_VOCAB, export_rwkv_world, has_rwkv_world_vocab
 from .sentencepiece import is_sentencepiece_model, load_sentencepiece_vocabulary
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
 
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer"]
 
-KINDS = ("llama", "gpt2")
+KINDS = ("llama", "gpt2", "rwkv")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
@@ -39,19 +41,25 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
         if tokenizer_json is None:
             tokenizer_json = read_json_object(json_file)
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
-    raise TokenizerError(f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL} or {TOKENIZER_JSON})")
+    if has_rwkv_world_vocab(model_dir):
+        return "rwkv"
+    raise TokenizerError(
+        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON} or {RWKV_WORLD_VOCAB})"
+    )
 
 
 def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: str | None = None) -> Metadata:
     """Every tokenizer.* key llama.cpp reads for the tokenizer in `model_dir`.
 
     `vocab_size` (config.json's) pads the vocabulary with unused [PAD<id>] tokens up to the model's
-    embedding rows; a larger tokenizer is an error. `kind` ("llama" or "gpt2") overrides detection.
+    embedding rows; a larger tokenizer is an error. `kind` ("llama", "gpt2" or "rwkv") overrides detection.
     """
     model_dir = Path(model_dir)
     json_file = model_dir / TOKENIZER_JSON
     tokenizer_json = read_json_object(json_file)  # {} when absent; parsed once, it can be large
     kind = kind or detect_kind(model_dir, tokenizer_json)
+    if kind == "rwkv":
+        return export_rwkv_world(model_dir, vocab_size=vocab_size)
     files = TokenizerFiles.load(model_dir)
     post_processor = None
     fallback_ids: dict[str, int] = {}
