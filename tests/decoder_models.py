@@ -27,6 +27,10 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
     "falcon-gqa": ("FalconConfig", "FalconForCausalLM", dict(
         hidden_size=HIDDEN, num_attention_heads=HEADS, num_kv_heads=2, num_hidden_layers=LAYERS,
         new_decoder_architecture=True, bias=False, max_position_embeddings=2048)),
+    # Falcon2-11B style: the new decoder with a single norm shared by attention and MLP.
+    "falcon-gqa-onenorm": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=HIDDEN, num_attention_heads=HEADS, num_kv_heads=2, num_hidden_layers=LAYERS,
+        new_decoder_architecture=True, num_ln_in_parallel_attn=1, bias=False, max_position_embeddings=2048)),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
         n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, n_positions=1024)),  # transformers' GGUF loader assumes 1024
     "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
