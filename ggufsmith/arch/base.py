@@ -135,9 +135,15 @@ class Architecture:
         """Layout change of one output tensor, by GGUF name. Default: none."""
         return tensor
 
+    def extra_tensors(self) -> dict[str, LazyTensor]:
+        """Tensors the GGUF needs that the checkpoint does not hold, by GGUF name (e.g. llama3's
+        rope_freqs, computed from config.json). They come first in the file. Default: none."""
+        return {}
+
     # -- question 3: the shared mapping machinery ------------------------------------------
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        """Every HF tensor mapped to its GGUF name, experts stacked, transforms applied.
+        """Every HF tensor mapped to its GGUF name, experts stacked, transforms applied, after the
+        plugin's extra_tensors().
 
         An HF tensor that matches no pattern and is not ignored is an error: silently dropping a
         weight would give a model that loads and produces wrong output.
@@ -169,7 +175,7 @@ class Architecture:
                 f"the {self.name} plugin has no GGUF name for tensor(s) {shown}; "
                 "the checkpoint may be of a variant this plugin does not support"
             )
-        mapped = []
+        mapped = [MappedTensor(name, (), tensor) for name, tensor in self.extra_tensors().items()]
         for gguf_name in order:
             if gguf_name in singles:
                 hf_name, tensor = singles[gguf_name]

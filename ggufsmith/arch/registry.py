@@ -13,7 +13,7 @@ from ggufsmith.errors import ConversionError
 ENTRY_POINT_GROUP = "ggufsmith.architectures"
 
 # Our own plugins, by module. Each module defines one or more Architecture subclasses.
-BUILTIN_MODULES: tuple[str, ...] = ()
+BUILTIN_MODULES: tuple[str, ...] = ("llama",)
 
 
 @lru_cache(maxsize=1)
