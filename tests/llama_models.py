@@ -22,6 +22,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "llama_rope_linear": ("LlamaForCausalLM", dict(_COMMON, rope_scaling=dict(rope_type="linear", factor=4.0))),
     "llama_rope_yarn": ("LlamaForCausalLM", dict(
         _COMMON, rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64))),
+    # An explicit yarn attention_factor (transformers' default is 1 + 0.1 ln(factor)).
+    "llama_rope_yarn_attn": ("LlamaForCausalLM", dict(_COMMON, rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, attention_factor=1.5))),
     "llama_rope_llama3": ("LlamaForCausalLM", dict(
         _COMMON, rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                                         high_freq_factor=4.0, original_max_position_embeddings=64))),
