@@ -17,6 +17,8 @@ GGUF_MAX_DIMS = 4
 # The spec says names are at most 64 bytes; ggml stores them in char[64] with a NUL, so 63 fit.
 GGUF_MAX_TENSOR_NAME_BYTES = 63
 GGUF_MAX_KEY_BYTES = 65535
+# Arrays of arrays may nest; deeper than this is treated as hostile (no real writer goes past 2).
+GGUF_MAX_ARRAY_DEPTH = 8
 QK_K = 256  # super-block size of the k-quants
 GGML_QUANTIZATION_VERSION = 2  # what llama.cpp writes into general.quantization_version
 
@@ -59,6 +61,7 @@ class GGMLType(IntEnum):
     MXFP4 = 39
     NVFP4 = 40
     Q1_0 = 41
+    Q2_0 = 42
 
 
 class TypeLayout(NamedTuple):
@@ -102,6 +105,7 @@ GGML_TYPE_LAYOUT: dict[GGMLType, TypeLayout] = {
     GGMLType.MXFP4: TypeLayout(32, 1 + 16),
     GGMLType.NVFP4: TypeLayout(64, 4 + 32),
     GGMLType.Q1_0: TypeLayout(128, 2 + 16),
+    GGMLType.Q2_0: TypeLayout(64, 2 + 64 // 4),
 }
 
 
@@ -114,6 +118,20 @@ def tensor_nbytes(ggml_type: GGMLType, n_elements: int, row_length: int | None =
             f"{GGMLType(ggml_type).name} needs rows of a multiple of {layout.block_size} elements, got {row_length}"
         )
     return n_elements // layout.block_size * layout.type_size
+
+
+# numpy dtypes (without byte order) of the types whose data are plain elements, not blocks: these
+# can be byte-swapped for big-endian files. BF16 is kept as its raw 16 bits.
+GGML_ELEMENT_DTYPE: dict[GGMLType, str] = {
+    GGMLType.F32: "f4",
+    GGMLType.F16: "f2",
+    GGMLType.BF16: "u2",
+    GGMLType.F64: "f8",
+    GGMLType.I8: "i1",
+    GGMLType.I16: "i2",
+    GGMLType.I32: "i4",
+    GGMLType.I64: "i8",
+}
 
 
 class GGUFValueType(IntEnum):

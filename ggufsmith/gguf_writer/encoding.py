@@ -62,7 +62,11 @@ class Encoder:
             # Each element of an array of arrays is itself (element type, length, values).
             return head + b"".join(self.value(v) for v in item.value)
         dtype = np.dtype(self.order + NUMPY_DTYPE_OF_VALUE[element_type])
-        return head + np.asarray(item.value).astype(dtype, copy=False).tobytes()
+        if isinstance(item.value, np.ndarray):
+            return head + item.value.astype(dtype, copy=False).tobytes()
+        # Straight from Python numbers to the target type: going through np.asarray first would
+        # turn [0, 2**64 - 1] into float64 and lose the large values.
+        return head + np.array(item.value, dtype=dtype).tobytes()
 
     def key_value(self, key: str, item: MetadataValue) -> bytes:
         return self.string(key) + self.u32(item.type) + self.value(item)

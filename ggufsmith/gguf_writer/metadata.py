@@ -8,13 +8,14 @@ these; the writer writes it and the reader returns one.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ggufsmith.constants import GGUF_MAX_KEY_BYTES, GGUFValueType
+from ggufsmith.constants import GGUF_MAX_ARRAY_DEPTH, GGUF_MAX_KEY_BYTES, GGUFValueType
 from ggufsmith.errors import GGUFError
 
 # lower_snake_case segments separated by dots; digits allowed after the first letter of a segment
@@ -72,7 +73,13 @@ def _check_scalar(key: str, value: Any, vtype: GGUFValueType) -> Any:
     if vtype in _FLOAT_TYPES:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise GGUFError(f"metadata {key}: {vtype.name} needs a number, got {value!r}")
-        return float(value)
+        value = float(value)
+        if vtype == GGUFValueType.FLOAT32:
+            try:
+                struct.pack("<f", value)
+            except OverflowError:
+                raise GGUFError(f"metadata {key}: {value} is too large for FLOAT32") from None
+        return value
     if vtype == GGUFValueType.BOOL:
         if not isinstance(value, (bool, np.bool_)):
             raise GGUFError(f"metadata {key}: BOOL needs True or False, got {value!r}")
@@ -106,6 +113,8 @@ def make_value(
             if not isinstance(item, MetadataValue) or item.type != GGUFValueType.ARRAY:
                 raise GGUFError(f"metadata {key}: elements of a nested array must be array MetadataValues")
             items.append(item)
+        if 1 + max((_array_depth(item) for item in items), default=0) > GGUF_MAX_ARRAY_DEPTH:
+            raise GGUFError(f"metadata {key}: arrays nested deeper than {GGUF_MAX_ARRAY_DEPTH} levels")
         return MetadataValue(tuple(items), vtype, element_type)
     if isinstance(value, np.ndarray) and element_type not in (GGUFValueType.STRING, GGUFValueType.BOOL):
         # Large numeric arrays (token scores, types) stay numpy; check the range once.
@@ -116,8 +125,19 @@ def make_value(
             lo, hi = _INT_RANGES[element_type]
             if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
                 raise GGUFError(f"metadata {key}: array values do not fit {element_type.name}")
+        elif element_type == GGUFValueType.FLOAT32 and arr.size:
+            with np.errstate(over="ignore"):
+                overflowed = np.isfinite(arr) & ~np.isfinite(arr.astype(np.float32))
+            if overflowed.any():
+                raise GGUFError(f"metadata {key}: array values are too large for FLOAT32")
         return MetadataValue(arr, vtype, element_type)
     return MetadataValue(tuple(_check_scalar(key, v, element_type) for v in value), vtype, element_type)
+
+
+def _array_depth(item: MetadataValue) -> int:
+    if item.element_type != GGUFValueType.ARRAY:
+        return 1
+    return 1 + max((_array_depth(v) for v in item.value), default=0)
 
 
 class Metadata:
@@ -139,6 +159,13 @@ class Metadata:
     def add_value(self, key: str, value: MetadataValue) -> None:
         """Add an already-typed value (e.g. one read from another GGUF file)."""
         self.add(key, value.value, value.type, value.element_type)
+
+    def add_read_value(self, key: str, value: MetadataValue) -> None:
+        """For readers: store a value parsed from a file as it is. Keys that break the naming rule
+        are kept (real files have them; `inspect` reports them), duplicates are still an error."""
+        if key in self._items:
+            raise GGUFError(f"metadata key {key!r} is set twice")
+        self._items[key] = value
 
     def update(self, other: Metadata) -> None:
         """Add every key of `other`; a key present in both is an error."""

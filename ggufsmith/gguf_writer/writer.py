@@ -11,6 +11,12 @@ Usage:
 
 Only the tensor being written is ever held. Shapes are given in numpy order (rows last); the file
 stores them in ggml order (ne[0] = row length), reversed.
+
+Any error once the file is open (wrong order, wrong byte count, an exception or KeyboardInterrupt
+while writing) deletes the temporary file, so a failed write never leaves a .gguf or a temp file.
+
+Nested arrays (arrays of arrays) are written as the spec allows and gguf-py reads them, but ggml's
+loader rejects them ("invalid GGUF type 9"), so llama.cpp will not load such a file; `inspect` warns.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufsmith.constants import (
+    GGML_ELEMENT_DTYPE,
     GGML_TYPE_LAYOUT,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
@@ -37,11 +44,7 @@ from ggufsmith.errors import GGUFError
 from ggufsmith.gguf_writer.encoding import Encoder, align_offset
 from ggufsmith.gguf_writer.metadata import Metadata, make_value
 
-# Element size of the types whose data the writer can byte-swap for big-endian files.
-_SWAPPABLE_ELEMENT = {
-    GGMLType.F32: "f4", GGMLType.F16: "f2", GGMLType.BF16: "u2", GGMLType.F64: "f8",
-    GGMLType.I8: "i1", GGMLType.I16: "i2", GGMLType.I32: "i4", GGMLType.I64: "i8",
-}
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ def tensor_data_size(name: str, shape: tuple[int, ...], ggml_type: GGMLType) -> 
     n_elements = 1
     for dim in shape:
         n_elements *= dim
+    if n_elements > INT64_MAX:
+        raise GGUFError(f"tensor {name}: shape {shape} has more elements than ggml can count (int64)")
     return n_elements // layout.block_size * layout.type_size
 
 
@@ -100,8 +105,8 @@ class GGUFWriter:
     def add_tensor(self, name: str, shape: tuple[int, ...] | list[int], ggml_type: GGMLType | int) -> TensorInfo:
         """Declare a tensor. Its data must later be written in declaration order."""
         self._expect("declaring", f"declare tensor {name!r}")
-        if not isinstance(name, str) or not name:
-            raise GGUFError(f"tensor name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise GGUFError(f"tensor name must be a non-empty string without NUL, got {name!r}")
         if len(name.encode("utf-8")) > GGUF_MAX_TENSOR_NAME_BYTES:
             raise GGUFError(
                 f"tensor name {name!r} is {len(name.encode('utf-8'))} bytes; ggml allows at most "
@@ -119,7 +124,7 @@ class GGUFWriter:
         if any(d < 0 for d in shape):
             raise GGUFError(f"tensor {name}: negative dimension in shape {shape}")
         nbytes = tensor_data_size(name, shape, ggml_type)
-        if self.byteorder == "big" and ggml_type not in _SWAPPABLE_ELEMENT:
+        if self.byteorder == "big" and ggml_type not in GGML_ELEMENT_DTYPE:
             raise GGUFError(f"tensor {name}: big-endian files of {ggml_type.name} data are not supported")
         info = TensorInfo(name, shape, ggml_type, self._data_size, nbytes)
         self._tensors.append(info)
@@ -141,21 +146,26 @@ class GGUFWriter:
             self._write_header()
         self._expect("writing", f"write tensor {name!r}")
         if self._next >= len(self._tensors):
-            raise GGUFError(f"tensor {name!r} was not declared (all declared tensors are written)")
+            raise self._fail(f"tensor {name!r} was not declared (all declared tensors are written)")
         info = self._tensors[self._next]
         if name != info.name:
             known = "declared" if name in self._names else "not declared"
-            raise GGUFError(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
-        raw = _as_bytes_view(data)
-        if raw.nbytes != info.nbytes:
-            raise GGUFError(
-                f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {raw.nbytes}"
-            )
-        if self.byteorder == "big":
-            raw = raw.view("<" + _SWAPPABLE_ELEMENT[info.ggml_type]).astype(">" + _SWAPPABLE_ELEMENT[info.ggml_type]).view(np.uint8)
-        self._file.write(raw.data)
-        end = info.offset + info.nbytes
-        self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+            raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+        try:
+            raw = _as_bytes_view(data)
+            if raw.nbytes != info.nbytes:
+                raise self._fail(
+                    f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {raw.nbytes}"
+                )
+            if self.byteorder == "big":
+                element = GGML_ELEMENT_DTYPE[info.ggml_type]
+                raw = raw.view("<" + element).astype(">" + element).view(np.uint8)
+            self._file.write(raw.data)
+            end = info.offset + info.nbytes
+            self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+        except BaseException:
+            self.abort()
+            raise
         self._next += 1
 
     def finish(self) -> Path:
@@ -165,14 +175,18 @@ class GGUFWriter:
         self._expect("writing", "finish")
         if self._next != len(self._tensors):
             missing = self._tensors[self._next].name
-            raise GGUFError(
+            raise self._fail(
                 f"{len(self._tensors) - self._next} declared tensor(s) have no data yet, starting with {missing!r}"
             )
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.chmod(self._tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
-        os.replace(self._tmp_path, self.path)
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.chmod(self._tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
+            os.replace(self._tmp_path, self.path)
+        except BaseException:
+            self.abort()
+            raise
         self._state = "closed"
         return self.path
 
@@ -193,14 +207,28 @@ class GGUFWriter:
         else:
             self.abort()
 
+    def __del__(self) -> None:
+        # A writer dropped without finish() (a caller that forgot, or an exception outside a with
+        # block) must not leave its temporary file behind.
+        if getattr(self, "_state", "closed") != "closed":
+            self.abort()
+
     # -- internals ---------------------------------------------------------------------------
     def _expect(self, state: str, action: str) -> None:
         if self._state != state:
-            raise GGUFError(f"cannot {action}: the writer is {self._state}, not {state}")
+            raise self._fail(f"cannot {action}: the writer is {self._state}, not {state}")
+
+    def _fail(self, message: str) -> GGUFError:
+        """A usage error once the file is open ends the write: the temporary file is deleted."""
+        if self._state == "writing":
+            self.abort()
+        return GGUFError(f"{self.path}: {message}")
 
     def _header_bytes(self) -> bytes:
         metadata = self.metadata
         declared = metadata.get(Keys.General.ALIGNMENT)
+        if declared is not None and metadata[Keys.General.ALIGNMENT].type != GGUFValueType.UINT32:
+            raise GGUFError(f"metadata {Keys.General.ALIGNMENT} must be a UINT32 (llama.cpp rejects other types)")
         if declared is not None and declared != self.alignment:
             raise GGUFError(f"metadata says general.alignment={declared} but the writer aligns to {self.alignment}")
         enc = self._enc
@@ -226,13 +254,15 @@ class GGUFWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         self._tmp_path = Path(tmp)
-        self._file = os.fdopen(fd, "wb")
+        self._state = "writing"
         try:
+            self._file = os.fdopen(fd, "wb")
             self._file.write(header)
         except BaseException:
+            if self._file is None:
+                os.close(fd)
             self.abort()
             raise
-        self._state = "writing"
 
 
 def _current_umask() -> int:

@@ -15,5 +15,9 @@ from ggufsmith.quantize.registry import (
 
 # One module per quant family; each registers its types on import.
 from ggufsmith.quantize import float_types  # noqa: E402,F401  F32, F16, BF16
+from ggufsmith.quantize import legacy_symmetric  # noqa: E402,F401  Q8_0, Q4_0, Q5_0
+from ggufsmith.quantize import k_symmetric  # noqa: E402,F401  Q3_K, Q6_K
+from ggufsmith.quantize import legacy_affine  # noqa: E402,F401  Q4_1, Q5_1
+from ggufsmith.quantize import k_affine  # noqa: E402,F401  Q2_K, Q4_K, Q5_K
 
 __all__ = ["QuantFormat", "dequantize", "get_format", "quantize", "register", "supported_types"]

@@ -17,12 +17,23 @@ def _f32_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
 
 
 def _f16_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    # numpy rounds to nearest even, as ggml's F16C / fp32_to_fp16 path does.
-    return rows.astype("<f2").view(np.uint8)
+    # numpy rounds to nearest even, as ggml's fp32_to_fp16 does, overflow to Inf included. ggml
+    # turns every NaN into the canonical quiet NaN 0x7E00 (sign kept); numpy keeps the payload.
+    with np.errstate(over="ignore"):
+        half = rows.astype("<f2").view("<u2")
+    is_nan = np.isnan(rows)
+    if is_nan.any():
+        sign = (rows.view(np.uint32)[is_nan] >> 16).astype(np.uint16) & np.uint16(0x8000)
+        half[is_nan] = sign | np.uint16(0x7E00)
+    return half.view(np.uint8)
 
 
 def _f16_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    return np.ascontiguousarray(data).view("<f2").astype(np.float32)
+    values = np.ascontiguousarray(data).view("<f2").astype(np.float32)
+    # ggml widens through a float multiply, which quiets signalling NaNs; numpy keeps them signalling.
+    bits = values.view(np.uint32)
+    bits[np.isnan(values)] |= np.uint32(0x00400000)
+    return values
 
 
 def bf16_from_f32(rows: np.ndarray) -> np.ndarray:

@@ -1,0 +1,128 @@
+"""SentencePiece tokenizer.model -> llama.cpp's "llama" (SPM) tokenizer."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ggufsmith.constants import TokenType
+from ggufsmith.errors import TokenizerError
+
+from .hf_files import ADDED_TOKENS, TOKENIZER_CONFIG, TOKENIZER_JSON, TokenizerFiles, read_json, read_json_object
+from .vocab import ADDED_TOKEN_SCORE, Vocabulary, added_token_type
+
+log = logging.getLogger(__name__)
+
+# sentencepiece_model.proto: TrainerSpec.ModelType
+_SP_UNIGRAM, _SP_BPE = 1, 2
+# ModelProto.SentencePiece.Type uses the same numbers as GGUF's token types.
+_SP_PIECE_TYPES = {int(t): t for t in TokenType}
+_WHITESPACE_MARK = "\u2581"  # SentencePiece's visible space
+
+
+def _model_pb2(path: Path) -> Any:
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError as e:
+        raise TokenizerError(
+            f"{path}: reading a SentencePiece model needs the sentencepiece and protobuf packages "
+            "(pip install 'ggufsmith[tokenizers]')"
+        ) from e
+    return sentencepiece_model_pb2
+
+
+def load_model_proto(path: Path) -> Any:
+    """Parse tokenizer.model with the protobuf schema the sentencepiece package ships."""
+    sentencepiece_model_pb2 = _model_pb2(path)
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(path.read_bytes())
+    except Exception as e:  # protobuf raises its own DecodeError; any failure means "not a model"
+        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
+    if not proto.pieces:
+        raise TokenizerError(f"{path}: not a SentencePiece model (no pieces)")
+    return proto
+
+
+def is_sentencepiece_model(path: Path) -> bool:
+    """True if `path` parses as a SentencePiece model (a tiktoken file may use the same name).
+    Raises TokenizerError if the sentencepiece package needed to tell is missing."""
+    _model_pb2(path)
+    try:
+        load_model_proto(path)
+    except TokenizerError:
+        return False
+    return True
+
+
+def _check_supported(proto: Any, path: Path) -> None:
+    model_type = proto.trainer_spec.model_type
+    if model_type != _SP_BPE:
+        kind = {_SP_UNIGRAM: "unigram"}.get(model_type, f"type {model_type}")
+        raise TokenizerError(
+            f"{path}: SentencePiece {kind} model is not supported (llama.cpp's 'llama' tokenizer "
+            "reproduces only SentencePiece BPE models)"
+        )
+    normalizer = proto.normalizer_spec
+    if normalizer.precompiled_charsmap and normalizer.name != "identity":
+        raise TokenizerError(
+            f"{path}: SentencePiece normalization {normalizer.name!r} is not applied by llama.cpp; "
+            "only models trained with normalization 'identity' convert faithfully"
+        )
+    if proto.trainer_spec.treat_whitespace_as_suffix:
+        raise TokenizerError(f"{path}: SentencePiece treat_whitespace_as_suffix is not supported by llama.cpp")
+
+
+def _apply_added_tokens(vocab: Vocabulary, entries: list[tuple[int, str, bool | None]], source: Path) -> None:
+    """Added tokens (id, text, special or None if unknown) override the model's pieces, as in
+    transformers. Unknown and byte pieces keep their type when the text is unchanged."""
+    for token_id, text, special in entries:
+        same_text = token_id < len(vocab) and vocab.tokens[token_id] == text
+        if same_text and vocab.types[token_id] in (TokenType.UNKNOWN, TokenType.BYTE):
+            continue
+        if same_text and special is None:
+            continue  # added_tokens.json restating a piece says nothing new
+        token_type = added_token_type(text, bool(special))
+        if token_type == TokenType.USER_DEFINED:
+            # llama.cpp matches user-defined tokens against the raw text, which has real spaces.
+            text = text.replace(_WHITESPACE_MARK, " ")
+        if token_id < len(vocab) and vocab.tokens[token_id] != text and vocab.types[token_id] != TokenType.UNUSED:
+            log.info("%s: token %d %r is replaced by added token %r", source, token_id, vocab.tokens[token_id], text)
+        vocab.set_token(token_id, text, token_type, ADDED_TOKEN_SCORE)
+
+
+def added_token_entries(model_dir: Path, files: TokenizerFiles) -> list[tuple[int, str, bool | None]]:
+    """Added tokens from added_tokens.json, tokenizer.json and tokenizer_config.json, in that order."""
+    entries: list[tuple[int, str, bool | None]] = []
+    added_json = read_json(model_dir / ADDED_TOKENS)
+    if isinstance(added_json, dict):
+        entries += [(int(i), text, None) for text, i in added_json.items()]
+    tokenizer_json = read_json_object(model_dir / TOKENIZER_JSON)
+    for item in tokenizer_json.get("added_tokens") or []:
+        entries.append((int(item["id"]), item["content"], bool(item.get("special"))))
+    decoder = files.tokenizer_config.get("added_tokens_decoder") or {}
+    for token_id, item in decoder.items():
+        text = item.get("content") if isinstance(item, dict) else None
+        if not isinstance(text, str):
+            raise TokenizerError(f"{model_dir / TOKENIZER_CONFIG}: added_tokens_decoder[{token_id!r}] has no content")
+        entries.append((int(token_id), text, bool(item.get("special"))))
+    return entries
+
+
+def load_sentencepiece_vocabulary(model_dir: Path, files: TokenizerFiles, model_path: Path) -> tuple[Vocabulary, dict[str, int]]:
+    """The vocabulary of a SentencePiece BPE model, and the special ids the model itself declares."""
+    proto = load_model_proto(model_path)
+    _check_supported(proto, model_path)
+    vocab = Vocabulary(model="llama", pre="default", source=model_path, scores=[])
+    for token_id, piece in enumerate(proto.pieces):
+        vocab.set_token(token_id, piece.piece, _SP_PIECE_TYPES.get(piece.type, TokenType.NORMAL), piece.score)
+    _apply_added_tokens(vocab, added_token_entries(model_dir, files), model_path)
+
+    add_prefix = files.tokenizer_config.get("add_prefix_space")
+    vocab.add_space_prefix = add_prefix if isinstance(add_prefix, bool) else proto.normalizer_spec.add_dummy_prefix
+    vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
+
+    spec = proto.trainer_spec
+    declared = {"unk": spec.unk_id, "bos": spec.bos_id, "eos": spec.eos_id, "pad": spec.pad_id}
+    return vocab, {role: i for role, i in declared.items() if 0 <= i < len(proto.pieces)}

@@ -1,0 +1,219 @@
+"""Q6_K and Q3_K: super-blocks of 256 values in 16 groups of 16, each group with its own signed
+scale, the scales quantized (8 bits in Q6_K, 6 bits in Q3_K) against one float16 super-scale.
+
+Without an importance vector these follow ggml's quantize_row_q6_K_ref / q3_K_ref; with one,
+quantize_row_q6_K_impl / q3_K_impl. All groups of a chunk are searched at once (see
+search_symmetric); the registry hands us at most ~1M values, so temporaries stay within a few
+dozen MiB.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ggufsmith.constants import QK_K, GGMLType
+from ggufsmith.quantize.registry import QuantFormat, register
+from ggufsmith.quantize.search_symmetric import (
+    GROUP_MAX_EPS,
+    make_q3_quants,
+    from_position_major,
+    make_qx_quants,
+    nearest_int,
+    signed_max_abs,
+    to_position_major,
+)
+
+GROUP = 16
+GROUPS = QK_K // GROUP
+
+
+def _ieee_quiet(func):
+    """Extreme inputs overflow ggml's float32 math to Inf/NaN; we reproduce that without warnings."""
+
+    @functools.wraps(func)
+    def quiet(*args):
+        with np.errstate(all="ignore"):
+            return func(*args)
+
+    return quiet
+
+
+def _by_position(rows: np.ndarray) -> np.ndarray:
+    """float32[n_rows, row_length] -> float32[16, groups]: the k-th value of every group of 16."""
+    return to_position_major(rows.reshape(-1, GROUP))
+
+
+def _importance_by_position(importance: np.ndarray, n_rows: int) -> np.ndarray:
+    """The imatrix weight of every value, laid out as _by_position lays out the rows."""
+    return np.tile(importance.reshape(-1, GROUP).T, (1, n_rows))
+
+
+def _fp16_round_trip(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float16 bytes as uint8[..., 2], the float32 value they decode to)."""
+    half = values.astype("<f2")
+    return half.view(np.uint8).reshape(*values.shape, 2), half.astype(np.float32)
+
+
+def _requantize(x: np.ndarray, levels: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
+    """Levels of every group against its final (stored) scale; groups whose scale is 0 keep the
+    levels of the search, as ggml's `if (!d) continue;` does. x, levels: [16, groups]."""
+    new = nearest_int(x / group_scale)
+    np.clip(new, -nmax, nmax - 1, out=new)
+    return np.where(group_scale != 0, (new + nmax).astype(np.uint8), levels)
+
+
+def _natural_order(levels_by_position: np.ndarray, n_blocks: int) -> np.ndarray:
+    """uint8[16, groups] -> uint8[blocks, 256] in the values' original order."""
+    return from_position_major(levels_by_position).reshape(n_blocks, QK_K)
+
+
+def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(largest |scale| of each block, the signed scale that has it, the block's group scales)."""
+    by_block = group_scales.reshape(-1, GROUPS)
+    amax, signed = signed_max_abs(by_block.T)
+    return amax, signed, by_block
+
+
+# --- Q6_K: 6-bit levels (-32 .. 31), int8 group scales ---------------------------------------------
+
+Q6_K_BYTES = QK_K // 2 + QK_K // 4 + GROUPS + 2
+
+
+@_ieee_quiet
+def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    n_blocks = rows.size // QK_K
+    x = _by_position(rows)
+    weights = None
+    if importance is not None:
+        weights = _importance_by_position(importance, rows.shape[0])
+    group_scales, levels = make_qx_quants(x, 32, weights)
+
+    amax, max_scale, by_block = _super_scale(group_scales)
+    iscale = np.float32(-128) / max_scale
+    d_bytes, d = _fp16_round_trip(np.float32(1) / iscale)
+    scales = np.minimum(127, nearest_int(iscale[:, None] * by_block)).astype(np.int8)
+    group_scale = (d[:, None] * scales.astype(np.float32)).reshape(-1)
+    levels = _natural_order(_requantize(x, levels, group_scale, 32), n_blocks)
+
+    quarters = levels.reshape(n_blocks, 2, 4, 32)  # [block, half of 128, quarter of 32, value]
+    low, high = quarters & 0x0F, quarters >> 4
+    out = np.empty((n_blocks, Q6_K_BYTES), dtype=np.uint8)
+    out[:, :128] = (low[:, :, :2] | (low[:, :, 2:] << 4)).reshape(n_blocks, 128)
+    out[:, 128:192] = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)).reshape(n_blocks, 64)
+    out[:, 192:208] = scales.view(np.uint8)
+    out[:, 208:] = d_bytes
+    out[amax < GROUP_MAX_EPS] = 0  # ggml zeroes the whole block: levels, scales and d
+    return out.reshape(rows.shape[0], -1)
+
+
+@_ieee_quiet
+def _q6_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
+    blocks = np.ascontiguousarray(data).reshape(-1, Q6_K_BYTES)
+    n_blocks = blocks.shape[0]
+    ql = blocks[:, :128].reshape(n_blocks, 2, 2, 32)
+    qh = blocks[:, 128:192].reshape(n_blocks, 2, 1, 32)
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=2)  # quarters 0,1 then 2,3
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3
+    levels = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    scales = blocks[:, 192:208].view(np.int8).astype(np.float32)
+    d = blocks[:, 208:].copy().view("<f2").astype(np.float32)
+    group_scale = d * scales  # ggml: d * sc * q, left to right
+    values = group_scale[:, :, None] * levels.reshape(n_blocks, GROUPS, GROUP).astype(np.float32)
+    return values.reshape(data.shape[0], row_length)
+
+
+# --- Q3_K: 3-bit levels (-4 .. 3), 6-bit group scales ---------------------------------------------
+
+Q3_K_BYTES = QK_K // 8 + QK_K // 4 + 12 + 2
+
+
+def _q3_k_scales_ref(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q3_K_ref's 6-bit group scales (0 .. 63, 32 meaning 0) and super-scale."""
+    _, max_scale, by_block = _super_scale(group_scales)
+    has_scale = max_scale != 0
+    iscale = np.float32(-32) / max_scale
+    stored = np.clip(nearest_int(iscale[:, None] * by_block), -32, 31) + 32
+    stored = np.where(has_scale[:, None], stored, 0).astype(np.uint8)
+    d = np.where(has_scale, np.float32(1) / iscale, np.float32(0))
+    return stored, d
+
+
+def _q3_k_scales_weighted(group_scales: np.ndarray, group_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q3_K_impl's: the group scales themselves quantized by make_qx_quants,
+    weighted by each group's total weight."""
+    by_position = np.ascontiguousarray(group_scales.reshape(-1, GROUPS).T)
+    weights = np.ascontiguousarray(group_weights.reshape(-1, GROUPS).T)
+    d, stored = make_qx_quants(by_position, 32, weights)
+    return np.ascontiguousarray(stored.T), d
+
+
+def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """imatrix * sqrt(sigma2 + x^2) by position, sigma2 = 2 * mean square of the super-block."""
+    blocks = rows.reshape(-1, QK_K)
+    sum_x2 = np.cumsum(blocks * blocks, axis=1, dtype=np.float32)[:, -1]
+    sigma2 = np.float32(2) * sum_x2 / np.float32(QK_K)
+    sigma2_by_group = np.repeat(sigma2, GROUPS)
+    importance_by_position = _importance_by_position(importance, rows.shape[0])
+    return importance_by_position * np.sqrt(sigma2_by_group + x * x)
+
+
+def _ordered_sum_by_position(weights: np.ndarray) -> np.ndarray:
+    total = np.zeros(weights.shape[1], dtype=np.float32)
+    for row in weights:
+        total += row
+    return total
+
+
+@_ieee_quiet
+def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    n_blocks = rows.size // QK_K
+    x = _by_position(rows)
+    if importance is None:
+        group_scales, levels = make_q3_quants(x, 4)
+        stored, d = _q3_k_scales_ref(group_scales)
+    else:
+        weights = _q3_k_group_weights(rows, importance, x)
+        group_scales, levels = make_qx_quants(x, 4, weights)
+        stored, d = _q3_k_scales_weighted(group_scales, _ordered_sum_by_position(weights))
+    d_bytes, d_stored = _fp16_round_trip(d)
+    group_scale = (d_stored[:, None] * (stored.astype(np.float32) - np.float32(32))).reshape(-1)
+    levels = _natural_order(_requantize(x, levels, group_scale, 4), n_blocks)
+
+    out = np.empty((n_blocks, Q3_K_BYTES), dtype=np.uint8)
+    eighths = levels.reshape(n_blocks, 8, 32)  # hmask bit b of byte m is value 32*b + m
+    high = (eighths > 3).astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None]
+    out[:, :32] = np.bitwise_or.reduce(high, axis=1)
+    low = (eighths & 3).reshape(n_blocks, 2, 4, 32)  # [block, half of 128, quarter of 32, value]
+    out[:, 32:96] = (low[:, :, 0] | (low[:, :, 1] << 2) | (low[:, :, 2] << 4) | (low[:, :, 3] << 6)).reshape(n_blocks, 64)
+    out[:, 96:104] = (stored[:, :8] & 0x0F) | ((stored[:, 8:] & 0x0F) << 4)
+    top = (stored >> 4).reshape(n_blocks, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
+    out[:, 104:108] = np.bitwise_or.reduce(top, axis=1)
+    out[:, 108:] = d_bytes
+    return out.reshape(rows.shape[0], -1)
+
+
+@_ieee_quiet
+def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
+    blocks = np.ascontiguousarray(data).reshape(-1, Q3_K_BYTES)
+    n_blocks = blocks.shape[0]
+    hmask = blocks[:, :32]
+    qs = blocks[:, 32:96].reshape(n_blocks, 2, 1, 32)
+    packed = blocks[:, 96:108]
+    low_nibbles = np.concatenate([packed[:, :8] & 0x0F, packed[:, :8] >> 4], axis=1)
+    shifts = (2 * (np.arange(GROUPS) // 4)).astype(np.uint8)
+    top_bits = (packed[:, 8 + np.arange(GROUPS) % 4] >> shifts) & 3
+    scales = (low_nibbles | (top_bits << 4)).astype(np.int8) - np.int8(32)
+    d = blocks[:, 108:].copy().view("<f2").astype(np.float32)
+    group_scale = d * scales.astype(np.float32)
+
+    low = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).reshape(n_blocks, 8, 32)
+    high_set = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+    levels = low.astype(np.int8) - np.where(high_set == 1, np.int8(0), np.int8(4))
+    values = group_scale[:, :, None] * levels.reshape(n_blocks, GROUPS, GROUP).astype(np.float32)
+    return values.reshape(data.shape[0], row_length)
+
+
+register(QuantFormat(GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True))
+register(QuantFormat(GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True))

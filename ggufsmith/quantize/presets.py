@@ -1,0 +1,285 @@
+"""llama-quantize's presets (Q4_K_M, Q3_K_S, ...): which tensor type each tensor of a model gets.
+
+The rules reproduce llama.cpp's tensor type selection (src/llama-quant.cpp) for the presets whose
+tensor types ggufsmith implements, so that our files have the same per-tensor types as
+`llama-quantize`'s. The rules are stateful: some depend on the position of a tensor among its kind
+(the i-th attn_v), so tensors must be visited in llama.cpp's order, given by `llama_tensor_order`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType
+from ggufsmith.errors import QuantizationError
+
+T = GGMLType
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    file_type: FileType
+    default_type: GGMLType
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("F32", FileType.ALL_F32, T.F32),
+        Preset("F16", FileType.MOSTLY_F16, T.F16),
+        Preset("BF16", FileType.MOSTLY_BF16, T.BF16),
+        Preset("Q8_0", FileType.MOSTLY_Q8_0, T.Q8_0),
+        Preset("Q4_0", FileType.MOSTLY_Q4_0, T.Q4_0),
+        Preset("Q4_1", FileType.MOSTLY_Q4_1, T.Q4_1),
+        Preset("Q5_0", FileType.MOSTLY_Q5_0, T.Q5_0),
+        Preset("Q5_1", FileType.MOSTLY_Q5_1, T.Q5_1),
+        Preset("Q2_K", FileType.MOSTLY_Q2_K, T.Q2_K),
+        Preset("Q2_K_S", FileType.MOSTLY_Q2_K_S, T.Q2_K),
+        Preset("Q3_K_S", FileType.MOSTLY_Q3_K_S, T.Q3_K),
+        Preset("Q3_K_M", FileType.MOSTLY_Q3_K_M, T.Q3_K),
+        Preset("Q3_K_L", FileType.MOSTLY_Q3_K_L, T.Q3_K),
+        Preset("Q4_K_S", FileType.MOSTLY_Q4_K_S, T.Q4_K),
+        Preset("Q4_K_M", FileType.MOSTLY_Q4_K_M, T.Q4_K),
+        Preset("Q5_K_S", FileType.MOSTLY_Q5_K_S, T.Q5_K),
+        Preset("Q5_K_M", FileType.MOSTLY_Q5_K_M, T.Q5_K),
+        Preset("Q6_K", FileType.MOSTLY_Q6_K, T.Q6_K),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    preset = PRESETS.get(name.upper())
+    if preset is None:
+        raise QuantizationError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return preset
+
+
+def is_block_quantized(ggml_type: GGMLType) -> bool:
+    return ggml_type not in (T.F32, T.F16, T.BF16, T.F64, T.I8, T.I16, T.I32, T.I64)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the rules need to know about the model (from its GGUF metadata)."""
+
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_expert: int = 0
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv if self.n_head_kv else 0
+
+    @property
+    def is_70b(self) -> bool:
+        # llama.cpp's model-size detection, reduced to the one size the rules ask about.
+        if self.arch == "llama":
+            return self.n_layer == 80 and self.n_head != self.n_head_kv
+        return self.arch in ("qwen2", "deci", "olmo") and self.n_layer == 80
+
+
+@dataclass
+class QuantizeOptions:
+    """llama-quantize's options that influence tensor types."""
+
+    preset: Preset
+    pure: bool = False  # --pure: every quantizable tensor gets the preset's default type
+    output_tensor_type: GGMLType | None = None  # --output-tensor-type
+    token_embedding_type: GGMLType | None = None  # --token-embedding-type
+    leave_output_tensor: bool = False  # --leave-output-tensor
+    tensor_types: list[tuple[str, GGMLType]] = field(default_factory=list)  # --tensor-type REGEX=TYPE
+    has_imatrix: bool = False
+
+
+def llama_tensor_order(names: Iterable[str]) -> list[str]:
+    """llama.cpp's order of a model's tensors: non-block tensors first, then by block number, then by name."""
+
+    def key(name: str) -> tuple[int, str]:
+        m = re.match(r"blk\.(\d+)\.", name)
+        return (int(m.group(1)) if m else -1, name)
+
+    return sorted(names, key=key)
+
+
+# Name parts of tensors llama.cpp copies unquantized: norms, MoE routers, small conv/projection
+# weights, relative position biases, multimodal embeddings.
+_NEVER_QUANTIZED = (
+    "_norm.weight", "ffn_gate_inp.weight", "ffn_gate_tid2eid.weight", "altup", "laurel",
+    "per_layer_model_proj", "ssm_conv1d", "shortconv.conv.weight", "indexer.k_proj.weight",
+    "indexer.q_proj.weight", "attn_rel_b.weight", ".position_embd", "sam.pos_embd", "sam.neck.",
+    "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger", "a.rvq.codebook", "mm.a.code_embd",
+)
+
+
+def allows_quantization(name: str, n_dims: int, options: QuantizeOptions) -> bool:
+    """Whether llama.cpp quantizes this tensor at all (norms, routers, conv1d, ... are copied as they are)."""
+    if n_dims < 2 or not name.endswith("weight"):
+        return False
+    if options.leave_output_tensor and name == "output.weight":
+        return False
+    if any(part in name for part in _NEVER_QUANTIZED):
+        return False
+    if name in ("position_embd.weight", "token_types.weight"):
+        return False
+    # RWKV's small 2-D weights
+    return not re.search(r"time_mix_(first|w[012]|v[012]|a[012]|g[12]|decay_w[12]|lerp_fused)\.weight", name)
+
+
+def requires_importance(name: str, ggml_type: GGMLType, preset: Preset) -> bool:
+    """llama.cpp refuses to make these without an importance matrix: the result would be garbage."""
+    if _category(name) in ("token_embd", "output"):
+        return False
+    return ggml_type == T.Q2_K and preset.name == "Q2_K_S"
+
+
+def _category(name: str) -> str:
+    if name == "output.weight":
+        return "output"
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return "token_embd"
+    for part, category in (
+        ("attn_qkv.weight", "attn_v"),  # fused qkv and the kv projection count as attn_v in llama.cpp
+        ("attn_kv_b.weight", "attn_v"),
+        ("attn_v.weight", "attn_v"),
+        ("attn_k.weight", "attn_k"),
+        ("attn_q.weight", "attn_q"),
+        ("attn_output.weight", "attn_output"),
+        ("ffn_up", "ffn_up"),
+        ("ffn_gate", "ffn_gate"),
+        ("ffn_down", "ffn_down"),
+    ):
+        if part in name:
+            return category
+    return "other"
+
+
+def _use_more_bits(i_layer: int, n_layers: int) -> bool:
+    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+
+
+def _fallback(row_length: int, ggml_type: GGMLType) -> GGMLType:
+    """A type whose block fits the row length, as llama.cpp falls back (K-quants need rows of 256)."""
+    if row_length % GGML_TYPE_LAYOUT[ggml_type].block_size == 0:
+        return ggml_type
+    fallback = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}.get(ggml_type, ggml_type)
+    if row_length % GGML_TYPE_LAYOUT[fallback].block_size:
+        return T.F16
+    return fallback
+
+
+class TypeChooser:
+    """Picks each tensor's type. Call `choose` for every tensor in `llama_tensor_order`."""
+
+    def __init__(self, options: QuantizeOptions, facts: ModelFacts, tensor_names: Sequence[str]) -> None:
+        self.options = options
+        self.facts = facts
+        self.ftype = options.preset.name
+        self.tied_embeddings = "output.weight" not in tensor_names
+        self.n_attention_wv = sum(_category(n) == "attn_v" for n in tensor_names)
+        self.i_attention_wv = 0
+        self.i_ffn_down = 0
+        self.patterns = [(re.compile(p), t) for p, t in options.tensor_types]
+        self.n_fallback = 0
+
+    def choose(self, name: str, shape: Sequence[int], current_type: GGMLType) -> GGMLType:
+        """The type of tensor `name` (shape in numpy order, rows last) currently of `current_type`."""
+        opts = self.options
+        if not allows_quantization(name, len(shape), opts):
+            return current_type
+        category = _category(name)
+        if opts.token_embedding_type is not None and category == "token_embd":
+            return opts.token_embedding_type
+        if opts.output_tensor_type is not None and category == "output":
+            return opts.output_tensor_type
+        new_type = opts.preset.default_type
+        if not is_block_quantized(new_type):
+            return new_type
+        manual = next((t for regex, t in self.patterns if regex.search(name)), None)
+        if manual is not None:
+            new_type = manual
+        elif not opts.pure:
+            new_type = self._mixture_rule(name, shape, new_type, category)
+        chosen = _fallback(int(shape[-1]), new_type)
+        self.n_fallback += chosen != new_type
+        return chosen
+
+    def _mixture_rule(self, name: str, shape: Sequence[int], new_type: GGMLType, category: str) -> GGMLType:
+        f, ftype = self.facts, self.ftype
+        falcon = f.arch == "falcon"
+        if category == "output" or (self.tied_embeddings and category == "token_embd"):
+            if self.options.output_tensor_type is not None:
+                return self.options.output_tensor_type
+            if falcon or int(shape[-1]) % GGML_TYPE_LAYOUT[new_type].block_size:
+                return T.Q8_0
+            return new_type if new_type == T.Q8_0 else T.Q6_K
+        if category == "token_embd":
+            return new_type
+        if category == "attn_v":
+            i, n = self.i_attention_wv, self.n_attention_wv
+            self.i_attention_wv += 1
+            if ftype == "Q2_K":
+                new_type = T.Q4_K if f.n_gqa >= 4 else T.Q3_K
+            elif ftype == "Q2_K_S" and f.n_gqa >= 4:
+                new_type = T.Q4_K
+            elif ftype == "Q3_K_M":
+                new_type = T.Q5_K if i < 2 else T.Q4_K
+            elif ftype == "Q3_K_L":
+                new_type = T.Q5_K
+            elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
+                new_type = T.Q6_K
+            elif ftype == "Q4_K_S" and i < 4:
+                new_type = T.Q5_K
+            if f.is_70b and new_type in (T.Q3_K, T.Q4_K):
+                new_type = T.Q5_K  # 8 heads share attn_v in 70B models: more bits cost little
+            if f.n_expert == 8:
+                new_type = T.Q8_0
+            return new_type
+        if category == "attn_k":
+            return T.Q8_0 if f.n_expert == 8 else new_type
+        if category == "ffn_down":
+            i, n = self._layer_of(name, self.i_ffn_down)
+            self.i_ffn_down += 1
+            if ftype == "Q2_K":
+                return T.Q3_K
+            if ftype == "Q2_K_S":
+                return T.Q4_K if i < n // 8 else new_type
+            if ftype == "Q3_K_M":
+                if i < n // 16:
+                    return T.Q5_K
+                return T.Q4_K if not falcon or _use_more_bits(i, n) else T.Q3_K
+            if ftype == "Q3_K_L":
+                return T.Q4_K if falcon else T.Q5_K
+            if ftype == "Q4_K_M":
+                if falcon:
+                    return T.Q6_K if i < n // 16 else T.Q5_K if _use_more_bits(i, n) else T.Q4_K
+                return T.Q6_K if _use_more_bits(i, n) else new_type
+            if ftype == "Q5_K_M" and _use_more_bits(i, n):
+                return T.Q6_K
+            if ftype == "Q4_K_S" and not falcon and i < n // 8:
+                return T.Q5_K
+            if ftype in ("Q4_0", "Q5_0") and self.options.has_imatrix and i < n // 8:
+                return T.Q4_1 if ftype == "Q4_0" else T.Q5_1
+            return new_type
+        if category == "attn_output":
+            if falcon:
+                return T.Q4_K if ftype == "Q3_K_L" else new_type
+            if f.n_expert == 8:
+                return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else new_type
+            return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ftype, new_type)
+        return new_type
+
+    def _layer_of(self, name: str, counter: int) -> tuple[int, int]:
+        """(layer index, layer count) of an ffn tensor: by position, or by name in MoE models,
+        whose expert tensors are not in layer order."""
+        n_layer = self.facts.n_layer
+        if max(1, self.facts.n_expert) > 1:
+            m = re.match(r"blk\.(\d+)\.", name)
+            if not m or not 0 <= int(m.group(1)) < n_layer:
+                raise QuantizationError(f"cannot tell the layer of tensor {name} (the model has {n_layer} blocks)")
+            return int(m.group(1)), n_layer
+        return counter, n_layer

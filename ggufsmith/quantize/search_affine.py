@@ -1,0 +1,292 @@
+"""The scale-and-min searches of ggml's affine quant types, vectorized across blocks.
+
+ggml quantizes one block at a time with small iterative searches (make_qkx2_quants,
+make_qkx3_quants, make_qp_quants in ggml-quants.c). To be bit-exact with it we reproduce its
+float32 arithmetic step for step, but on all blocks of a chunk at once:
+
+* arrays are laid out position-major, shape (n, blocks): row i holds element i of every block, so
+  a sum over a block's positions is a chain of whole-row additions in C's order (`seq_sum`);
+* a block leaves a search early in C; here every block runs every step and masks decide which
+  results are kept, which gives the same values because the skipped steps never feed back;
+* C's `nearest_int` (the 12582912.f trick) is emulated on the float's bits, so even values out
+  of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml.
+
+All arithmetic stays float32: Python floats are turned into np.float32 before they meet arrays.
+Temporaries are a few arrays of the input's size (the registry hands us ~1M elements at a time).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+F32 = np.float32
+GROUP_MAX_EPS = F32(1e-15)
+_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves the rounded integer in the mantissa
+
+
+def float_exceptions_expected(function):
+    """Run `function` with numpy's float warnings off: like the C we copy, degenerate blocks (huge,
+    subnormal, all zero) produce inf and NaN on the way to a well-defined result."""
+
+    @functools.wraps(function)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return function(*args, **kwargs)
+
+    return quiet
+
+
+def nearest_int(values: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int on float32 values: round half to even through the mantissa, as int32."""
+    bits = (np.asarray(values, dtype=F32) + _MAGIC).view(np.int32)
+    bits &= 0x007FFFFF
+    bits -= 0x00400000
+    return bits
+
+
+def nearest_int_clipped(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """MAX(low, MIN(high, nearest_int(values))) as float32 (exact small integers)."""
+    bits = (np.asarray(values, dtype=F32) + _MAGIC).view(np.int32)
+    bits &= 0x007FFFFF
+    np.clip(bits, 0x00400000 + low, 0x00400000 + high, out=bits)
+    bits -= 0x00400000
+    return bits.astype(F32)
+
+
+def seq_sum(terms: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 in C loop order: ((t0 + t1) + t2) + ...
+
+    numpy reduces a non-innermost axis of a C-contiguous array one row at a time, which is that
+    order; with a single column the reduced axis becomes innermost and numpy would sum pairwise,
+    so few columns go through an explicit loop.
+    """
+    terms = np.ascontiguousarray(terms)
+    if terms.ndim == 1 or terms.shape[1] < 8:
+        total = terms[0].copy()
+        for row in terms[1:]:
+            total += row
+        return total
+    return np.add.reduce(terms, axis=0)
+
+
+def first_min(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Minimum along `axis` as C's `if (v < min) min = v` loop finds it: for a zero minimum the
+    sign is that of the first zero, since -0.0 < 0.0 is false."""
+    low = np.minimum.reduce(x, axis=axis)
+    _first_zero_sign(x, low, axis)
+    return low
+
+
+def first_max(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Maximum along `axis` with `if (v > max) max = v`: a zero maximum keeps the first zero's sign."""
+    high = np.maximum.reduce(x, axis=axis)
+    _first_zero_sign(x, high, axis)
+    return high
+
+
+def _first_zero_sign(x: np.ndarray, extreme: np.ndarray, axis: int) -> None:
+    zero = np.flatnonzero(extreme == 0)
+    if zero.size:
+        lanes = np.moveaxis(x, axis, 0)[:, zero]
+        first = np.argmax(lanes == 0, axis=0)
+        extreme[zero] = lanes[first, np.arange(zero.size)]
+
+
+# Blocks searched together: small enough that the search's arrays stay in the CPU's L2 cache,
+# large enough that numpy's per-call overhead is amortized.
+SEARCH_BATCH_ELEMENTS = 1 << 16
+# nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
+_NEAREST_INT_EXACT = F32(4194303)
+
+
+def make_qkx_quants(
+    x: np.ndarray,
+    weights: np.ndarray,
+    nmax: int,
+    rmin: float,
+    rdelta: float,
+    nstep: int,
+    use_mad: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants / make_qkx3_quants (identical when weights are given) on x[n, blocks].
+
+    Finds per block a scale and a min so that x ~ scale * L - the_min with L in 0..nmax, trying
+    nstep+1 candidate scales and refitting scale and min by weighted least squares. Returns
+    (scale[blocks], the_min[blocks], L[n, blocks] as float32).
+    """
+    n, n_blocks = x.shape
+    batch = max(8, SEARCH_BATCH_ELEMENTS // n)
+    if n_blocks <= batch:
+        return _search_batch(np.ascontiguousarray(x, dtype=F32), np.ascontiguousarray(weights, dtype=F32),
+                             nmax, rmin, rdelta, nstep, use_mad)
+    scale = np.empty(n_blocks, dtype=F32)
+    the_min = np.empty(n_blocks, dtype=F32)
+    levels = np.empty((n, n_blocks), dtype=F32)
+    for start in range(0, n_blocks, batch):
+        part = slice(start, start + batch)
+        scale[part], the_min[part], levels[:, part] = _search_batch(
+            np.ascontiguousarray(x[:, part], dtype=F32), np.ascontiguousarray(weights[:, part], dtype=F32),
+            nmax, rmin, rdelta, nstep, use_mad,
+        )
+    return scale, the_min, levels
+
+
+def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
+    fnmax = F32(nmax)
+    low = first_min(x)
+    high = np.maximum.reduce(x, axis=0)
+    lowest = low.copy()  # the data's minimum, for bounding |x - min| below
+    sum_w = seq_sum(w)
+    sum_x = seq_sum(w * x)
+    low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
+    flat = high == low
+    flat_min = low[flat]
+    live = ~flat  # flat blocks return early in C; their arithmetic here is discarded
+
+    buf = np.empty_like(x)
+    tmp = np.empty_like(x)
+
+    def levels_into(out, iscale, low):
+        """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32."""
+        np.subtract(x, low, out=out)
+        np.multiply(out, iscale, out=out)
+        # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
+        # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
+        reach = np.maximum(high - low, low - lowest) * np.abs(iscale)
+        if (reach[live] <= _NEAREST_INT_EXACT).all():
+            np.rint(out, out=out)
+            np.clip(out, 0, fnmax, out=out)
+        else:
+            out[...] = nearest_int_clipped(out, 0, nmax)
+        return out
+
+    def error_of(scale, levels, low):
+        """Sum over the block of w * |diff| (or w * diff^2), diff = scale*L + min - x, in C order."""
+        diff = np.multiply(levels, scale, out=tmp)
+        diff += low
+        diff -= x
+        if use_mad:
+            np.abs(diff, out=diff)
+        else:
+            np.multiply(diff, diff, out=diff)
+        diff *= w
+        return seq_sum(diff)
+
+    iscale = fnmax / (high - low)
+    scale = F32(1) / iscale
+    best_iscale, best_low = iscale, low  # what the kept levels were rounded with
+    best_error = error_of(scale, levels_into(buf, iscale, low), low)
+    if nstep >= 1:
+        for step in range(nstep + 1):
+            trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
+            trial = levels_into(buf, trial_iscale, low)
+            np.multiply(w, trial, out=tmp)
+            sum_l = seq_sum(tmp)
+            tmp *= trial
+            sum_l2 = seq_sum(tmp)
+            np.multiply(w, trial, out=tmp)
+            tmp *= x
+            sum_xl = seq_sum(tmp)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            positive_min = this_min > 0
+            if positive_min.any():
+                this_min[positive_min] = 0
+                this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
+            error = error_of(this_scale, trial, this_min)
+            better = (det > 0) & (error < best_error)
+            if better.any():
+                best_iscale = np.where(better, trial_iscale, best_iscale)
+                best_low = np.where(better, low, best_low)
+                best_error = np.where(better, error, best_error)
+                scale = np.where(better, this_scale, scale)
+                low = np.where(better, this_min, low)
+
+    levels = levels_into(np.empty_like(x), best_iscale, best_low)
+    if flat.any():
+        levels[:, flat] = 0
+        scale = np.where(flat, F32(0), scale)
+        low[flat] = flat_min
+    return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
+
+
+def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """make_qp_quants on x[n, blocks] (non-negative per-sub-block scales or mins of super-blocks).
+
+    Quantizes x to L in 0..nmax with one scale per block, choosing among 9 trial scales and then
+    moving single levels while that improves the weighted fit. Returns (scale[blocks],
+    L[n, blocks] as int32 holding the uint8 values C stores).
+    """
+    x = np.ascontiguousarray(x, dtype=F32)
+    qw = np.ascontiguousarray(quant_weights, dtype=F32)
+    n = x.shape[0]
+    fnmax = F32(nmax)
+
+    high = np.maximum.reduce(x, axis=0)
+    high = np.where(high > 0, high, F32(0))
+    all_zero = high < GROUP_MAX_EPS
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = fnmax / high
+        # C stores the first rounding in uint8 (no clamp), so negative values wrap.
+        first_levels = (nearest_int(iscale * x) & 0xFF).astype(F32)
+        scale = F32(1) / iscale
+        diff = x - scale * first_levels
+        best_mse = seq_sum(qw * diff * diff)
+        for trial in (-4, -3, -2, -1, 1, 2, 3, 4):
+            trial_iscale = (F32(0.1) * F32(trial) + fnmax) / high
+            trial_scale = F32(1) / trial_iscale
+            levels = np.minimum(nearest_int(trial_iscale * x), nmax).astype(F32)
+            diff = x - trial_scale * levels
+            mse = seq_sum(qw * diff * diff)
+            better = mse < best_mse
+            best_mse = np.where(better, mse, best_mse)
+            iscale = np.where(better, trial_iscale, iscale)
+
+        levels_int = np.minimum(nearest_int(iscale * x), nmax)
+        levels_u8 = levels_int & 0xFF  # what C's uint8_t L[] holds
+        levels_f = levels_int.astype(F32)  # what C adds to the sums (the int before the store)
+        wx = qw * x
+        sumlx = seq_sum(wx * levels_f)
+        suml2 = seq_sum(qw * levels_f * levels_f)
+
+        for _ in range(5):
+            changed = np.zeros(x.shape[1], dtype=bool)
+            for i in range(n):
+                w = qw[i]
+                held = levels_u8[i].astype(F32)
+                slx = sumlx - wx[i] * held
+                sl2 = suml2 - w * held * held
+                can_move = (slx > 0) & (sl2 > 0)
+                new_l = np.minimum(nearest_int(x[i] * sl2 / slx), nmax)
+                moved = can_move & (new_l != levels_u8[i])
+                new_f = new_l.astype(F32)
+                slx = slx + wx[i] * new_f
+                sl2 = sl2 + w * new_f * new_f
+                accept = moved & (slx * slx * suml2 > sumlx * sumlx * sl2)
+                if accept.any():
+                    levels_u8[i] = np.where(accept, new_l & 0xFF, levels_u8[i])
+                    sumlx = np.where(accept, slx, sumlx)
+                    suml2 = np.where(accept, sl2, suml2)
+                    changed |= accept
+            if not changed.any():
+                break  # a pass without change leaves the state as it was: later passes would too
+        result = np.where(suml2 > 0, sumlx / suml2, F32(0))
+
+    result = np.where(all_zero, F32(0), result).astype(F32)
+    levels_u8[:, all_zero] = 0
+    return result, levels_u8
+
+
+def fp16_bits(values: np.ndarray) -> np.ndarray:
+    """GGML_FP32_TO_FP16 as uint16 bits: round to nearest even, overflow to inf (as numpy does)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=F32).astype(np.float16).view(np.uint16)
+
+
+def fp16_value(bits: np.ndarray) -> np.ndarray:
+    """GGML_FP16_TO_FP32 of uint16 bits (exact)."""
+    return np.asarray(bits, dtype=np.uint16).view(np.float16).astype(F32)

@@ -1,0 +1,126 @@
+"""Quantization speed of ggufsmith against ggml's C code (one thread) and gguf-py, on the same data.
+
+    python scripts/bench_quantize.py                     # every registered type, 64 MB each
+    python scripts/bench_quantize.py --types q6_k,q4_0 --mb 16 --importance
+
+Prints one row per type: MB/s of float32 input for ours, ggml's ggml_quantize_chunk (through
+ctypes from llama-cpp-python's libggml-base; single-threaded by construction) and gguf-py where it
+implements the type (all measured as CPU time of this one-threaded process), the ratios, and
+whether our bytes equal ggml's. Run from the repository root
+with llama-cpp-python and gguf installed (the `test` extra). For one core: `taskset -c 0 python ...`.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ggufsmith.quantize import get_format, quantize, supported_types  # noqa: E402
+
+ROW_LENGTH = 4096
+
+
+def _ggml_quantizer():
+    try:
+        from tests.ggml_oracle import ggml_quantize
+    except Exception as exc:  # noqa: BLE001 - any import problem means "not available"
+        print(f"ggml C oracle unavailable ({exc}); its column stays empty", file=sys.stderr)
+        return None
+    return ggml_quantize
+
+
+def _gguf_py_quantizer(ggml_type):
+    try:
+        import gguf
+    except ImportError:
+        return None
+    qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    probe = np.zeros((1, ROW_LENGTH), dtype=np.float32)
+    try:
+        gguf.quants.quantize(probe, qtype)
+    except NotImplementedError:
+        return None
+    return lambda rows: gguf.quants.quantize(rows, qtype)
+
+
+def _rate(func, data: np.ndarray, repeats: int) -> tuple[float, object]:
+    """Best MB/s of float32 input over `repeats` runs, and the last result. CPU time of this
+    process, not wall time: every contender runs on one thread, and on a shared machine CPU time
+    is what stays comparable between runs."""
+    best = float("inf")
+    result = None
+    for _ in range(repeats):
+        start = time.process_time()
+        result = func(data)
+        best = min(best, time.process_time() - start)
+    return data.nbytes / 1e6 / best, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", help="comma-separated type names (default: every registered type)")
+    parser.add_argument("--mb", type=float, default=64.0, help="MB of float32 input per type (default 64)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per measurement; the best counts")
+    parser.add_argument("--importance", action="store_true", help="pass a random imatrix where the type uses one")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    if args.types:
+        types = [get_format(name).ggml_type for name in args.types.split(",")]
+    else:
+        types = supported_types()
+    n_rows = max(1, int(args.mb * 1e6) // (4 * ROW_LENGTH))
+    rng = np.random.default_rng(args.seed)
+    data = rng.standard_normal((n_rows, ROW_LENGTH), dtype=np.float32)
+    ggml_quantize = _ggml_quantizer()
+
+    header = f"{'type':<6} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
+    print(f"{data.nbytes / 1e6:.0f} MB of float32 per type, rows of {ROW_LENGTH}{', with imatrix' if args.importance else ''}")
+    print(header)
+    print("-" * len(header))
+    for ggml_type in types:
+        fmt = get_format(ggml_type)
+        importance = None
+        if args.importance and fmt.supports_importance:
+            importance = rng.lognormal(0.0, 1.0, ROW_LENGTH).astype(np.float32)
+        ours_rate, ours = _rate(lambda rows: quantize(rows, ggml_type, importance), data, args.repeats)
+
+        ggml_rate = exact = None
+        if ggml_quantize is not None:
+            ggml_rate, expected = _rate(lambda rows: ggml_quantize(rows, int(ggml_type), importance), data, args.repeats)
+            exact = bool(np.array_equal(ours, expected.reshape(-1)))
+
+        gguf_rate = None
+        # gguf-py "quantizes" F32 by returning a view: no work to compare against.
+        gguf_py = _gguf_py_quantizer(ggml_type) if importance is None and ggml_type.name != "F32" else None
+        if gguf_py is not None:
+            with np.errstate(all="ignore"):
+                gguf_rate, _ = _rate(gguf_py, data, args.repeats)
+
+        def fmt_rate(rate):
+            return f"{rate:.0f}" if rate is not None else "-"
+
+        def fmt_ratio(rate):
+            return f"{ours_rate / rate:.2f}x" if rate else "-"
+
+        print(
+            f"{ggml_type.name:<6} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
+            f"{fmt_ratio(ggml_rate):>10} {fmt_ratio(gguf_rate):>13}  {'-' if exact is None else ('yes' if exact else 'NO')}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

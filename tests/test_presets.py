@@ -1,0 +1,128 @@
+"""Per-tensor type choice of every preset, against llama.cpp's own quantizer (llama_model_quantize)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from ggufsmith.constants import GGMLType
+from ggufsmith.quantize.presets import (
+    PRESETS,
+    ModelFacts,
+    QuantizeOptions,
+    TypeChooser,
+    get_preset,
+    llama_tensor_order,
+    requires_importance,
+)
+from tests.llama_gguf_models import write_llama_gguf
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+MODELS = {
+    "gqa": dict(),
+    "fallback-to-legacy": dict(ff=320),  # ffn_down rows of 320: K-quants fall back to 32-blocks
+    "fallback-to-f16-tied": dict(ff=336, tied=True),  # rows of 336: not even 32 fits
+    "moe8": dict(n_expert=8, n_layer=4, ff=256),
+    "mha-16-layers": dict(n_kv=8, n_layer=16, hidden=512),
+}
+
+
+@pytest.fixture(scope="module")
+def model_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preset-models")
+    return {name: (root / f"{name}.gguf", cfg, write_llama_gguf(root / f"{name}.gguf", **cfg)) for name, cfg in MODELS.items()}
+
+
+def _facts(cfg) -> ModelFacts:
+    return ModelFacts("llama", cfg.get("n_layer", 8), cfg.get("n_head", 8), cfg.get("n_kv", 2), cfg.get("n_expert", 0))
+
+
+def _llama_cpp_types(src, dst, preset, imatrix=None, **params) -> dict[str, GGMLType]:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = int(preset.file_type)
+    p.nthread = 2
+    for key, value in params.items():
+        setattr(p, key, value)
+    keep = []
+    if imatrix is not None:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for i, (name, values) in enumerate(imatrix.items()):
+            values = np.ascontiguousarray(values, dtype=np.float32)
+            keep.append(values)
+            entries[i].name = name.encode()
+            entries[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = values.size
+        entries[len(imatrix)].name = None
+        p.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(entries)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), p) == 0
+    return {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(dst).tensors}
+
+
+def _our_types(shapes, cfg, options) -> dict[str, GGMLType]:
+    names = [n for n, _ in shapes]
+    chooser = TypeChooser(options, _facts(cfg), names)
+    return {n: chooser.choose(n, dict(shapes)[n], GGMLType.F32) for n in llama_tensor_order(names)}
+
+
+def _imatrix_for(shapes, rng):
+    # llama.cpp's layout: one weight per column, per expert for 3-D tensors.
+    return {
+        name: rng.uniform(0.01, 2.0, size=shape[-1] * (shape[0] if len(shape) == 3 else 1))
+        for name, shape in shapes
+        if len(shape) >= 2
+    }
+
+
+@pytest.mark.parametrize("preset_name", [p for p in PRESETS if p not in ("F32", "Q2_K_S")])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_types_match_llama_quantize(model_files, tmp_path, preset_name, model):
+    src, cfg, shapes = model_files[model]
+    preset = get_preset(preset_name)
+    theirs = _llama_cpp_types(src, tmp_path / "out.gguf", preset)
+    ours = _our_types(shapes, cfg, QuantizeOptions(preset))
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("preset_name", ["Q2_K_S", "Q4_0", "Q5_0", "Q3_K_M", "Q4_K_M"])
+@pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy"])
+def test_types_with_imatrix_match_llama_quantize(model_files, tmp_path, preset_name, model):
+    src, cfg, shapes = model_files[model]
+    preset = get_preset(preset_name)
+    imatrix = _imatrix_for(shapes, np.random.default_rng(1))
+    theirs = _llama_cpp_types(src, tmp_path / "out.gguf", preset, imatrix=imatrix)
+    ours = _our_types(shapes, cfg, QuantizeOptions(preset, has_imatrix=True))
+    assert ours == theirs
+
+
+def test_q2_k_s_requires_imatrix_like_llama_cpp(model_files, tmp_path):
+    src, cfg, shapes = model_files["gqa"]
+    preset = get_preset("Q2_K_S")
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = int(preset.file_type)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(tmp_path / "o.gguf").encode(), p) != 0
+    ours = _our_types(shapes, cfg, QuantizeOptions(preset))
+    assert any(requires_importance(n, t, preset) for n, t in ours.items())
+
+
+OPTION_CASES = {
+    "pure": (dict(pure=True), dict(pure=True)),
+    "output-q8": (dict(output_tensor_type=GGMLType.Q8_0), dict(output_tensor_type=int(GGMLType.Q8_0))),
+    "embd-q4k": (dict(token_embedding_type=GGMLType.Q4_K), dict(token_embedding_type=int(GGMLType.Q4_K))),
+    "leave-output": (dict(leave_output_tensor=True), dict(quantize_output_tensor=False)),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+@pytest.mark.parametrize("preset_name", ["Q4_K_M", "Q3_K_S", "Q5_1"])
+def test_options_match_llama_quantize(model_files, tmp_path, case, preset_name):
+    src, cfg, shapes = model_files["fallback-to-legacy"]
+    preset = get_preset(preset_name)
+    ours_opts, their_params = OPTION_CASES[case]
+    theirs = _llama_cpp_types(src, tmp_path / "out.gguf", preset, **their_params)
+    ours = _our_types(shapes, cfg, QuantizeOptions(preset, **ours_opts))
+    assert ours == theirs

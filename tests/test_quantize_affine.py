@@ -1,0 +1,240 @@
+"""Q4_1, Q5_1, Q2_K, Q4_K and Q5_K are byte-identical to ggml's C quantizer, and decode bit for bit
+as ggml's to_float does, with and without an importance matrix.
+
+The oracle is ggml itself (tests/ggml_oracle.py: ggml_quantize_chunk and the type's to_float from
+llama-cpp-python's libggml-base); gguf-py is a second, independent reference where it has the type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from ggufsmith.constants import GGMLType
+from ggufsmith.errors import QuantizationError
+from ggufsmith.quantize import dequantize, get_format, quantize
+from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+
+LEGACY = [GGMLType.Q4_1, GGMLType.Q5_1]
+K_QUANTS = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q2_K]
+TYPES = LEGACY + K_QUANTS
+ROW_LENGTHS = {t: (32, 64, 4096) for t in LEGACY} | {t: (256, 512, 4096) for t in K_QUANTS}
+
+
+# ------------------------------------------------------------------ data
+
+
+def _cases(rng: np.random.Generator, n_rows: int, row_length: int, block_size: int) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, float32 rows) for distributions that reach every branch of the searches."""
+    shape = (n_rows, row_length)
+    yield "normal", rng.standard_normal(shape, dtype=np.float32)
+    yield "heavy_tailed", rng.standard_t(2.0, shape).astype(np.float32)
+    yield "positive", np.abs(rng.standard_normal(shape, dtype=np.float32))
+    yield "negative", -np.abs(rng.standard_normal(shape, dtype=np.float32)) - np.float32(1)
+    scales = np.exp(rng.uniform(np.log(1e-6), np.log(1e4), (n_rows, row_length // block_size, 1)))
+    scaled = rng.standard_normal((n_rows, row_length // block_size, block_size)) * scales
+    yield "block_scaled", scaled.astype(np.float32).reshape(shape)
+    yield "tiny", (rng.standard_normal(shape) * 10.0 ** rng.uniform(-45, -10, (n_rows, 1))).astype(np.float32)
+    yield "huge", (rng.standard_normal(shape) * 10.0 ** rng.uniform(4, 37, (n_rows, 1))).astype(np.float32)
+    yield "special_blocks", _special_blocks(rng, n_rows, row_length, block_size)
+
+
+def _special_blocks(rng: np.random.Generator, n_rows: int, row_length: int, block_size: int) -> np.ndarray:
+    """Degenerate blocks: all +0/-0 mixed, constant (positive and negative), one non-zero value,
+    exact zeros sprinkled in, small integers (rounding ties), sparse."""
+    blocks = rng.standard_normal((n_rows, row_length // block_size, block_size), dtype=np.float32)
+    kind = rng.integers(0, 8, blocks.shape[:2])
+    signs = rng.random(blocks.shape) < 0.5
+    blocks[kind == 0] = np.where(signs[kind == 0], np.float32(-0.0), np.float32(0.0))
+    blocks[kind == 1] = rng.standard_normal((int((kind == 1).sum()), 1), dtype=np.float32)
+    single = kind == 2
+    blocks[single] = 0.0
+    blocks[single, rng.integers(block_size)] = rng.standard_normal(int(single.sum()), dtype=np.float32)
+    zeros = (kind == 3)[..., None] & (rng.random(blocks.shape) < 0.3)
+    blocks[zeros] = np.where(signs[zeros], np.float32(-0.0), np.float32(0.0))
+    ints = kind == 4
+    blocks[ints] = rng.integers(-8, 9, (int(ints.sum()), block_size)).astype(np.float32) / np.float32(2)
+    sparse = kind == 5
+    blocks[sparse] *= (rng.random((int(sparse.sum()), block_size)) < 0.1).astype(np.float32)
+    return blocks.reshape(n_rows, row_length)
+
+
+def _importance_vectors(rng: np.random.Generator, row_length: int) -> Iterator[tuple[str, np.ndarray]]:
+    yield "uniform", rng.uniform(0.1, 2.0, row_length).astype(np.float32)
+    yield "lognormal", rng.lognormal(0.0, 2.0, row_length).astype(np.float32)
+    with_zeros = rng.exponential(1.0, row_length).astype(np.float32)
+    with_zeros[rng.random(row_length) < 0.3] = 0.0
+    yield "with_zeros", with_zeros
+
+
+def _llama_weight_rows(row_length: int, max_rows: int) -> np.ndarray:
+    """Rows cut from the 2-D weights of a small, randomly initialised transformers Llama."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2,
+    )
+    model = transformers.LlamaForCausalLM(config)
+    flat = np.concatenate([p.detach().float().numpy().reshape(-1) for p in model.parameters() if p.ndim == 2])
+    n_rows = min(max_rows, flat.size // row_length)
+    return np.ascontiguousarray(flat[: n_rows * row_length].reshape(n_rows, row_length))
+
+
+def _n_rows(row_length: int) -> int:
+    return max(8, 32 * 1024 // row_length)
+
+
+# ------------------------------------------------------------------ comparisons
+
+
+def assert_same_bytes(ours: np.ndarray, expected: np.ndarray, ggml_type: GGMLType, what: str) -> None:
+    fmt = get_format(ggml_type)
+    ours = ours.reshape(expected.shape)
+    if np.array_equal(ours, expected):
+        return
+    row, byte = np.argwhere(ours != expected)[0]
+    raise AssertionError(
+        f"{ggml_type.name} {what}: {int((ours != expected).sum())} bytes differ from ggml; first in row {row}, "
+        f"block {byte // fmt.type_size}, byte {byte % fmt.type_size} of the block: "
+        f"ours {ours[row, byte]:#04x}, ggml {expected[row, byte]:#04x}"
+    )
+
+
+def assert_same_floats(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """Bit equality of float32 arrays, so that -0.0 vs 0.0 and NaN payloads count."""
+    ours_bits = np.ascontiguousarray(ours, dtype=np.float32).reshape(-1).view(np.uint32)
+    expected_bits = np.ascontiguousarray(expected, dtype=np.float32).reshape(-1).view(np.uint32)
+    if np.array_equal(ours_bits, expected_bits):
+        return
+    i = int(np.argwhere(ours_bits != expected_bits)[0][0])
+    raise AssertionError(
+        f"{what}: {int((ours_bits != expected_bits).sum())} values differ; first at flat index {i}: "
+        f"ours {ours_bits[i]:#010x}, ggml {expected_bits[i]:#010x}"
+    )
+
+
+def check_against_ggml(rows: np.ndarray, ggml_type: GGMLType, importance: np.ndarray | None, what: str) -> None:
+    expected = ggml_quantize(rows, int(ggml_type), importance)
+    ours = quantize(rows, ggml_type, importance)
+    assert_same_bytes(ours, expected, ggml_type, what)
+    decoded = dequantize(expected, ggml_type, rows.shape)
+    assert_same_floats(decoded, ggml_dequantize(expected, int(ggml_type), rows.size), f"{ggml_type.name} {what} dequantize")
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_quantize_matches_ggml_without_importance(ggml_type):
+    rng = np.random.default_rng(int(ggml_type))
+    block_size = get_format(ggml_type).block_size
+    for row_length in ROW_LENGTHS[ggml_type]:
+        for name, rows in _cases(rng, _n_rows(row_length), row_length, block_size):
+            check_against_ggml(rows, ggml_type, None, f"{name} rows of {row_length}")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_quantize_matches_ggml_with_importance(ggml_type):
+    rng = np.random.default_rng(100 + int(ggml_type))
+    block_size = get_format(ggml_type).block_size
+    for row_length in ROW_LENGTHS[ggml_type]:
+        n_rows = max(4, _n_rows(row_length) // 4)
+        for imatrix_name, importance in _importance_vectors(rng, row_length):
+            for name, rows in _cases(rng, n_rows, row_length, block_size):
+                check_against_ggml(rows, ggml_type, importance, f"{name} rows of {row_length}, {imatrix_name} imatrix")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_quantize_matches_ggml_on_llama_weights(ggml_type):
+    rows = _llama_weight_rows(256, max_rows=1024)
+    check_against_ggml(rows, ggml_type, None, "Llama weights")
+    importance = np.random.default_rng(7).lognormal(0.0, 1.0, 256).astype(np.float32)
+    check_against_ggml(rows[:256], ggml_type, importance, "Llama weights with imatrix")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_ggml_on_arbitrary_bytes(ggml_type):
+    """Every bit pattern decodes as ggml decodes it: float16 scales that are NaN, Inf, subnormal or
+    -0.0, and level or scale combinations our quantizer never writes."""
+    fmt = get_format(ggml_type)
+    rng = np.random.default_rng(200 + int(ggml_type))
+    row_length = fmt.block_size * 8
+    data = rng.integers(0, 256, (512, fmt.row_bytes(row_length)), dtype=np.uint8)
+    assert_same_floats(
+        dequantize(data, ggml_type, (512, row_length)),
+        ggml_dequantize(data, int(ggml_type), 512 * row_length),
+        f"{ggml_type.name} dequantize of random bytes",
+    )
+
+
+_finite_rows = hnp.arrays(
+    np.float32,
+    hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
+    elements=st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True),
+)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@settings(max_examples=30, deadline=None)
+@given(rows=_finite_rows, data=st.data())
+def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, rows, data):
+    check_against_ggml(rows, ggml_type, None, "hypothesis rows")
+    importance = data.draw(hnp.arrays(np.float32, rows.shape[1], elements=st.floats(0, 1e6, width=32)))
+    check_against_ggml(rows, ggml_type, importance, "hypothesis rows with imatrix")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_quantize_matches_gguf_py_on_ordinary_weights(ggml_type):
+    """gguf-py's numpy quantizers implement the no-imatrix path too: a second, independent opinion."""
+    gguf = pytest.importorskip("gguf")
+    quant_type = gguf.GGMLQuantizationType(int(ggml_type))
+    rows = np.random.default_rng(3).standard_normal((64, 1024), dtype=np.float32)
+    try:
+        expected = gguf.quants.quantize(rows, quant_type)
+    except NotImplementedError:
+        pytest.skip(f"this gguf-py has no {ggml_type.name} quantizer")
+    assert_same_bytes(quantize(rows, ggml_type), expected.view(np.uint8).reshape(64, -1), ggml_type, "vs gguf-py")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_dequantize_matches_gguf_py(ggml_type):
+    gguf = pytest.importorskip("gguf")
+    rows = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)
+    data = quantize(rows, ggml_type).reshape(64, -1)
+    expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(int(ggml_type)))
+    assert_same_floats(dequantize(data, ggml_type, rows.shape), expected, f"{ggml_type.name} vs gguf-py")
+
+
+def test_quantize_splits_big_tensors_into_chunks_invisibly():
+    """A tensor bigger than the registry's chunk gives the bytes ggml gives for it in one call."""
+    rows = np.random.default_rng(5).standard_normal((300, 4096), dtype=np.float32)  # > 1M elements
+    for ggml_type in (GGMLType.Q4_K, GGMLType.Q5_1):
+        assert_same_bytes(quantize(rows, ggml_type), ggml_quantize(rows, int(ggml_type)), ggml_type, "chunked tensor")
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_rejects_rows_that_are_not_whole_blocks(ggml_type):
+    block_size = get_format(ggml_type).block_size
+    with pytest.raises(QuantizationError, match=f"multiple of {block_size}"):
+        quantize(np.zeros((2, block_size + 16), np.float32), ggml_type)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_rejects_nan_and_inf(ggml_type, bad):
+    rows = np.ones((3, 256), np.float32)
+    rows[2, 17] = bad
+    with pytest.raises(QuantizationError, match="row 2 contains NaN or Inf"):
+        quantize(rows, ggml_type)
+
+
+def test_rejects_importance_of_the_wrong_length():
+    with pytest.raises(QuantizationError, match="importance vector has 255 values for rows of 256"):
+        quantize(np.ones((1, 256), np.float32), GGMLType.Q4_K, np.ones(255, np.float32))

@@ -1,0 +1,105 @@
+"""Our tokenizer keys against what llama.cpp's own convert_hf_to_gguf.py writes for the same directory.
+
+The reference converter runs from the llama-cpp-python source tree (with its bundled gguf-py) on a
+tiny LlamaForCausalLM. It names BPE pre-tokenizers by hashing the tokens of a test string, which
+knows only published models, so for our freshly trained BPE tokenizers it is told the name; every
+other key is its own. The differences that remain are the deliberate ones listed below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggufsmith.converters.tokenizer import export_tokenizer
+from tests.tokenizer_helpers import train_bpe, train_sentencepiece
+
+LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SOURCE", "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file(), reason="llama.cpp source tree not found"),
+]
+gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")
+
+_RUNNER = """
+import os, runpy, sys
+llama = sys.argv.pop(1)
+sys.path[:0] = [llama, llama + "/gguf-py"]
+import conversion.base as base
+if os.environ.get("FORCE_PRE"):
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["FORCE_PRE"]
+sys.argv[0] = llama + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+# Keys only we write, and why:
+#  eot/eom/fim_*: llama.cpp finds these by text at load time; we write the same ids explicitly.
+#  unknown_token_id: the reference looks special tokens up in tokenizer.json only, absent here.
+#  add_space_prefix/remove_extra_whitespaces: SentencePiece's normalizer spec, written explicitly.
+#  add_eos_token: written whenever known (the reference skips it for some post-processors).
+ONLY_OURS = {
+    "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id", "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.fim_mid_token_id",
+    "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id",
+    "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces", "tokenizer.ggml.add_eos_token",
+}
+# add_sep_token: the reference derives it from TemplateProcessing's pair template; llama.cpp's
+# default for BPE (false) is what it writes there.
+ONLY_THEIRS = {"tokenizer.ggml.add_sep_token"}
+
+
+def _tiny_model(model_dir: Path, vocab_size: int) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+
+
+def _reference_keys(model_dir: Path, out: Path, pre: str | None) -> dict:
+    env = dict(os.environ, FORCE_PRE=pre or "")
+    subprocess.run(
+        [sys.executable, "-c", _RUNNER, str(LLAMA_CPP), str(model_dir), "--outfile", str(out), "--outtype", "f32"],
+        check=True, env=env, capture_output=True, timeout=300,
+    )
+    reader = gguf.GGUFReader(out)
+    return {f.name: f.contents() for f in reader.fields.values() if f.name.startswith("tokenizer.")}
+
+
+@pytest.mark.parametrize("kind", ["sentencepiece", "llama3", "qwen2"])
+def test_keys_match_llama_cpp_converter(tmp_path, kind):
+    model_dir = tmp_path / kind
+    if kind == "sentencepiece":
+        train_sentencepiece(model_dir)
+    else:
+        train_bpe(model_dir, kind)
+    n_tokens = len(export_tokenizer(model_dir).get("tokenizer.ggml.tokens"))
+    _tiny_model(model_dir, n_tokens + 3)  # padded: the model has more rows than the tokenizer
+    vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    ours = {k: v.plain() for k, v in export_tokenizer(model_dir, vocab_size=vocab_size).items()}
+    theirs = _reference_keys(model_dir, tmp_path / "reference.gguf", None if kind == "sentencepiece" else ours["tokenizer.ggml.pre"])
+
+    assert set(ours) - set(theirs) <= ONLY_OURS
+    assert set(theirs) - set(ours) <= ONLY_THEIRS
+    for key in set(ours) & set(theirs):
+        if key == "tokenizer.ggml.token_type" and kind == "sentencepiece":
+            continue  # below
+        if key == "tokenizer.ggml.scores":
+            assert ours[key] == pytest.approx(theirs[key]), key
+        else:
+            assert ours[key] == theirs[key], key
+    if kind == "sentencepiece":
+        # SentencePiece user-defined symbols: USER_DEFINED for us (llama.cpp then keeps them whole,
+        # as sentencepiece does), NORMAL for the reference. Every other type agrees.
+        differing = [t for t, a, b in zip(ours["tokenizer.ggml.tokens"], ours["tokenizer.ggml.token_type"],
+                                          theirs["tokenizer.ggml.token_type"]) if a != b]
+        assert differing == ["<tool>", "myword"]
