@@ -7,7 +7,6 @@ gives near-constant logits, which would make any comparison pass).
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 # name -> (transformers class, config fields). Shapes are small but keep every code path: GQA
@@ -64,25 +63,21 @@ def randomize_weights(model, seed: int) -> None:
                 param.copy_(std * torch.randn(param.shape, generator=generator))
 
 
-def train_sentencepiece(model_dir: Path, lines: list[str], vocab_size: int) -> Path:
-    """A llama-2 style SentencePiece tokenizer (tokenizer.model + tokenizer_config.json)."""
-    import json
-
-    import sentencepiece as spm
+def with_tokenizer(model_dir: Path, tokenizer_dir: Path) -> Path:
+    """A model folder holding a copy of the tokenizer files (trained once by tests/tokenizer_helpers.py)."""
+    import shutil
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=buffer, model_type="bpe", vocab_size=vocab_size,
-        byte_fallback=True, character_coverage=0.9995, split_digits=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, hard_vocab_limit=False, minloglevel=2,
-    )
-    (model_dir / "tokenizer.model").write_bytes(buffer.getvalue())
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(dict(
-        tokenizer_class="LlamaTokenizer", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        add_bos_token=True, add_eos_token=False, legacy=True,
-    )))
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, model_dir / f.name)
     return model_dir
+
+
+def tokenizer_vocab_size(model_dir: Path) -> int:
+    """The embedding rows the model needs: every id the HF tokenizer can produce."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model_dir))
 
 
 def checkpoint_tensors(model_dir: Path):

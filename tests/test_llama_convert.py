@@ -11,13 +11,12 @@ expert order gives errors of the order of 1.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.llama_models import VARIANTS, build_model, reference_convert
+from tests.llama_models import VARIANTS, build_model, reference_convert, tokenizer_vocab_size, with_tokenizer
 from tests.tokenizer_helpers import CHECK_TEXT, train_bpe, train_sentencepiece
 
 pytestmark = pytest.mark.slow
@@ -42,18 +41,13 @@ def tokenizer_dirs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer_dirs):
     """variant -> folder with config.json, model.safetensors and the tokenizer files, built once."""
-    from transformers import AutoTokenizer
-
     built: dict[str, Path] = {}
 
     def get(variant: str) -> Path:
         if variant not in built:
             source = tokenizer_dirs["bpe" if variant in BPE_VARIANTS else "sp"]
-            model_dir = tmp_path_factory.mktemp(variant)
-            for f in source.iterdir():
-                shutil.copy(f, model_dir / f.name)
-            vocab_size = len(AutoTokenizer.from_pretrained(model_dir))
-            build_model(model_dir, variant, vocab_size)
+            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), source)
+            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
             built[variant] = model_dir
         return built[variant]
 
@@ -149,9 +143,8 @@ def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
     import ggufsmith
     from safetensors.numpy import load_file, save_file
 
-    for f in tokenizer_dirs["sp"].iterdir():
-        shutil.copy(f, tmp_path / f.name)
-    model = build_model(tmp_path, "llama_tied", len(__import__("transformers").AutoTokenizer.from_pretrained(tmp_path)))
+    with_tokenizer(tmp_path, tokenizer_dirs["sp"])
+    build_model(tmp_path, "llama_tied", tokenizer_vocab_size(tmp_path))
     tensors = load_file(tmp_path / "model.safetensors")
     assert "lm_head.weight" not in tensors
     tensors["lm_head.weight"] = -tensors["model.embed_tokens.weight"]  # stale and different on purpose
@@ -165,7 +158,6 @@ def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
     ids = prompt_ids(tmp_path)
     expected = transformers_logits(tmp_path, ids)
     assert relative_error(llamacpp_logits(out, ids), expected) < TOLERANCE["f32"]
-    del model
 
 
 # --- the same file as llama.cpp's converter ---------------------------------------------------------

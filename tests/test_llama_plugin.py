@@ -7,35 +7,33 @@ import numpy as np
 import pytest
 
 from ggufsmith.arch import HFConfig, find_architecture
-from tests.llama_models import VARIANTS, build_model, checkpoint_tensors, reference_convert, train_sentencepiece
-
-VOCAB = 600
-TRAINING_LINES = [
-    f"The quick brown fox jumps over the lazy dog {i} times. Größere Äpfel, 我们今天去公园散步。 Привет мир {i * 7}"
-    for i in range(400)
-]
+from tests.llama_models import (
+    VARIANTS,
+    build_model,
+    checkpoint_tensors,
+    reference_convert,
+    tokenizer_vocab_size,
+    with_tokenizer,
+)
+from tests.tokenizer_helpers import train_sentencepiece
 
 
 @pytest.fixture(scope="session")
 def sp_tokenizer_dir(tmp_path_factory):
-    return train_sentencepiece(tmp_path_factory.mktemp("sp"), TRAINING_LINES, VOCAB)
+    return train_sentencepiece(tmp_path_factory.mktemp("sp"))
 
 
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory, sp_tokenizer_dir):
     """variant -> (our plugin instance, our mapped tensors, the reference f32 GGUF reader)."""
-    import shutil
-
     import gguf
 
     cache = {}
 
     def get(variant):
         if variant not in cache:
-            model_dir = tmp_path_factory.mktemp(variant)
-            for f in sp_tokenizer_dir.iterdir():
-                shutil.copy(f, model_dir / f.name)
-            build_model(model_dir, variant, VOCAB)
+            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), sp_tokenizer_dir)
+            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
             reference = reference_convert(model_dir, model_dir / "reference-f32.gguf", "f32")
             config = HFConfig.from_dir(model_dir)
             plugin = find_architecture(config)(config)
