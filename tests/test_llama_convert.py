@@ -145,9 +145,12 @@ def test_transformers_gguf_loader_gives_original_logits(ours, model_dirs, varian
     np.testing.assert_allclose(got, transformers_logits(model_dir, ids), rtol=0, atol=1e-5)
 
 
-def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
-    """tie_word_embeddings with an lm_head.weight in the file: transformers uses the embeddings
-    (it ties on load), so the GGUF must have no `output` and llama.cpp falls back to token_embd."""
+def test_tied_model_with_a_stored_lm_head_keeps_it(tmp_path, tokenizer_dirs):
+    """tie_word_embeddings with an lm_head.weight in the file that differs from the embeddings:
+    transformers then does not tie and uses the stored lm_head, so the GGUF must carry it as
+    `output` (llama.cpp would otherwise read token_embd). convert_hf_to_gguf.py does the same."""
+    import gguf
+
     import ggufsmith
     from safetensors.numpy import load_file, save_file
 
@@ -155,14 +158,12 @@ def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
     build_model(tmp_path, "llama_tied", tokenizer_vocab_size(tmp_path))
     tensors = load_file(tmp_path / "model.safetensors")
     assert "lm_head.weight" not in tensors
-    tensors["lm_head.weight"] = -tensors["model.embed_tokens.weight"]  # stale and different on purpose
+    tensors["lm_head.weight"] = -tensors["model.embed_tokens.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "ours.gguf"
     ggufsmith.convert(tmp_path, out, outtype="f32")
 
-    import gguf
-
-    assert "output.weight" not in {t.name for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" in {t.name for t in gguf.GGUFReader(out).tensors}
     ids = prompt_ids(tmp_path)
     expected = transformers_logits(tmp_path, ids)
     assert relative_error(llamacpp_logits(out, ids), expected) < TOLERANCE["f32"]

@@ -65,10 +65,9 @@ class Llama(Architecture):
         self.n_head_kv = config.get("num_key_value_heads", default=self.n_head)
         self.head_dim = config.get("head_dim", default=None) or config.get("hidden_size") // self.n_head
         self.rope = _rope_parameters(config)
-        if config.get("tie_word_embeddings", default=False):
-            # transformers ties lm_head to embed_tokens on load, so a stored lm_head (a copy, or a
-            # stale value) is never used; without `output` llama.cpp reads token_embd, as transformers does.
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
+        # Tied embeddings: save_pretrained stores no lm_head, so there is no `output` tensor and
+        # llama.cpp reads token_embd in its place. An lm_head stored anyway is kept: transformers
+        # (5.x) uses it rather than tying when its values differ from the embeddings.
 
     def metadata(self) -> Metadata:
         c = self.config
