@@ -16,60 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.llama_models import VARIANTS, build_model, reference_convert, tokenizer_vocab_size, with_tokenizer
-from tests.tokenizer_helpers import CHECK_TEXT, train_bpe, train_sentencepiece
+from tests.llama_fixtures import BPE_VARIANTS, model_dirs, ours, reference, tokenizer_dirs  # noqa: F401 (fixtures)
+from tests.llama_models import VARIANTS, build_model, tokenizer_vocab_size, with_tokenizer
+from tests.tokenizer_helpers import CHECK_TEXT
 
 pytestmark = pytest.mark.slow
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2, "q8_0": 1.5e-1}
-# Llama 3 style: a byte-level BPE tokenizer.json; the others a SentencePiece tokenizer.model (llama 2).
-BPE_VARIANTS = ("llama_head_dim",)
 PROMPT = "The quick brown fox jumps over the lazy dog. Größere Äpfel, 我们今天去公园散步。 Привет мир 42!"
-
-
-def _tokenizer_dir(tmp_path_factory, kind: str) -> Path:
-    directory = tmp_path_factory.mktemp(f"tokenizer-{kind}")
-    return train_bpe(directory, "llama3") if kind == "bpe" else train_sentencepiece(directory)
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dirs(tmp_path_factory):
-    return {kind: _tokenizer_dir(tmp_path_factory, kind) for kind in ("sp", "bpe")}
-
-
-@pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory, tokenizer_dirs):
-    """variant -> folder with config.json, model.safetensors and the tokenizer files, built once."""
-    built: dict[str, Path] = {}
-
-    def get(variant: str) -> Path:
-        if variant not in built:
-            source = tokenizer_dirs["bpe" if variant in BPE_VARIANTS else "sp"]
-            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), source)
-            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
-            built[variant] = model_dir
-        return built[variant]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def ours(model_dirs):
-    """(variant, outtype) -> our GGUF, converted through the public Python API."""
-    import ggufsmith
-
-    done: dict[tuple[str, str], Path] = {}
-
-    def get(variant: str, outtype: str) -> Path:
-        if (variant, outtype) not in done:
-            model_dir = model_dirs(variant)
-            out = model_dir / f"ours-{outtype}.gguf"
-            ggufsmith.convert(model_dir, out, outtype=outtype)
-            done[variant, outtype] = out
-        return done[variant, outtype]
-
-    return get
 
 
 def prompt_ids(model_dir: Path) -> list[int]:
@@ -201,12 +156,10 @@ def _fields(reader) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", ["llama_gqa", "llama_rope_llama3", "mixtral", "llama_tied"])
-def test_same_file_as_llamacpp_converter(ours, model_dirs, variant, outtype):
+def test_same_file_as_llamacpp_converter(ours, reference, variant, outtype):
     import gguf
 
-    model_dir = model_dirs(variant)
-    reference = reference_convert(model_dir, model_dir / f"reference-{outtype}.gguf", outtype)
-    our_reader, their_reader = gguf.GGUFReader(ours(variant, outtype)), gguf.GGUFReader(reference)
+    our_reader, their_reader = gguf.GGUFReader(ours(variant, outtype)), gguf.GGUFReader(reference(variant, outtype))
 
     our_fields, their_fields = _fields(our_reader), _fields(their_reader)
     differing = {key for key in our_fields.keys() | their_fields.keys() if our_fields.get(key) != their_fields.get(key)}

@@ -7,38 +7,20 @@ import numpy as np
 import pytest
 
 from ggufsmith.arch import HFConfig, find_architecture
-from tests.llama_models import (
-    VARIANTS,
-    build_model,
-    checkpoint_tensors,
-    reference_convert,
-    tokenizer_vocab_size,
-    with_tokenizer,
-)
-from tests.tokenizer_helpers import train_sentencepiece
+from tests.llama_fixtures import model_dirs, reference, tokenizer_dirs  # noqa: F401 (fixtures)
+from tests.llama_models import VARIANTS, checkpoint_tensors
 
 
 @pytest.fixture(scope="session")
-def sp_tokenizer_dir(tmp_path_factory):
-    return train_sentencepiece(tmp_path_factory.mktemp("sp"))
-
-
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory, sp_tokenizer_dir):
+def converted(model_dirs, reference):
     """variant -> (our plugin instance, our mapped tensors, the reference f32 GGUF reader)."""
     import gguf
 
-    cache = {}
-
     def get(variant):
-        if variant not in cache:
-            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), sp_tokenizer_dir)
-            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
-            reference = reference_convert(model_dir, model_dir / "reference-f32.gguf", "f32")
-            config = HFConfig.from_dir(model_dir)
-            plugin = find_architecture(config)(config)
-            cache[variant] = (plugin, plugin.map_tensors(checkpoint_tensors(model_dir)), gguf.GGUFReader(reference))
-        return cache[variant]
+        config = HFConfig.from_dir(model_dirs(variant))
+        plugin = find_architecture(config)(config)
+        mapped = plugin.map_tensors(checkpoint_tensors(model_dirs(variant)))
+        return plugin, mapped, gguf.GGUFReader(reference(variant, "f32"))
 
     return get
 
