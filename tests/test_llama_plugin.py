@@ -66,3 +66,69 @@ def test_arch_keys_equal_llamacpp_converter(converted, variant):
             assert np.float32(value.plain()) == np.float32(expected), key
         else:
             assert value.plain() == expected, key
+
+
+@pytest.mark.slow
+def test_old_config_layout_gives_the_same_keys(model_dirs, tmp_path):
+    """Configs written before transformers 5 have rope_theta and rope_scaling ({"type": ...}) at the
+    top level instead of rope_parameters; llama.cpp's converter reads both, and so must we."""
+    import json
+    import shutil
+
+    import gguf
+
+    from tests.llama_models import reference_convert
+
+    source = model_dirs("llama_rope_linear")
+    for f in source.iterdir():
+        if f.is_file() and f.suffix != ".gguf":
+            shutil.copy(f, tmp_path / f.name)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = {"type": rope.pop("rope_type"), **rope}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    ours = find_architecture(HFConfig.from_dir(tmp_path))(HFConfig.from_dir(tmp_path)).metadata()
+    reader = gguf.GGUFReader(reference_convert(tmp_path, tmp_path / "reference.gguf", "f32"))
+    theirs = {name: field.contents() for name, field in reader.fields.items() if name.startswith("llama.")}
+    assert {k: v.plain() for k, v in ours.items()} == pytest.approx(theirs)
+    assert theirs["llama.rope.scaling.type"] == "linear"
+
+
+def _plugin(**fields):
+    config = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4,
+                  num_hidden_layers=2, intermediate_size=96, vocab_size=100, rms_norm_eps=1e-5)
+    config.update(fields)
+    hf_config = HFConfig(config, "model/config.json")
+    return find_architecture(hf_config)(hf_config)
+
+
+@pytest.mark.parametrize("hf_class", ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"])
+def test_llama_family_classes_use_the_llama_plugin(hf_class):
+    assert _plugin(architectures=[hf_class]).name == "llama"
+
+
+def test_unsupported_rope_scaling_is_a_clear_error():
+    from ggufsmith.errors import ConversionError
+
+    with pytest.raises(ConversionError, match=r"model/config.json: rope type 'longrope' is not supported"):
+        _plugin(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}).metadata()
+
+
+def test_llama3_rope_without_its_parameters_is_a_clear_error():
+    from ggufsmith.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="'llama3' needs 'low_freq_factor'"):
+        _plugin(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}).extra_tensors()
+
+
+def test_missing_expert_is_a_clear_error():
+    from ggufsmith.converters.lazy_tensor import LazyTensor
+    from ggufsmith.errors import ConversionError
+
+    plugin = _plugin(architectures=["MixtralForCausalLM"], num_local_experts=3, num_experts_per_tok=2)
+    weight = LazyTensor.from_array(np.zeros((96, 64), np.float32))
+    tensors = {f"model.layers.0.block_sparse_moe.experts.{x}.w1.weight": weight for x in (0, 2)}
+    with pytest.raises(ConversionError, match=r"experts \[1\] are missing"):
+        plugin.map_tensors(tensors)
