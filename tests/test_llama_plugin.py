@@ -132,3 +132,11 @@ def test_missing_expert_is_a_clear_error():
     tensors = {f"model.layers.0.block_sparse_moe.experts.{x}.w1.weight": weight for x in (0, 2)}
     with pytest.raises(ConversionError, match=r"experts \[1\] are missing"):
         plugin.map_tensors(tensors)
+
+
+def test_dynamic_rope_writes_no_scaling_and_warns(caplog):
+    # Matches convert_hf_to_gguf.py (no keys): llama.cpp has no dynamic NTK scaling.
+    with caplog.at_level("WARNING"):
+        metadata = _plugin(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}).metadata()
+    assert not [key for key in metadata if ".rope.scaling." in key]
+    assert "max_position_embeddings" in caplog.text
