@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_llama_convert import TOLERANCE, llamacpp_logits, relative_error, transformers_logits
+from tests.llama_models import reference_convert
+from tests.test_llama_convert import TOLERANCE, assert_same_file, llamacpp_logits, relative_error, transformers_logits
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,11 @@ def test_readme_command_gives_a_file_llamacpp_runs_like_transformers(example_f16
     # The checkpoint is bf16; f16 holds these values exactly, so only llama.cpp's f16 matmul rounds.
     assert relative_error(got, expected) < TOLERANCE["f16"]
     assert (got.argmax(-1) == expected.argmax(-1)).mean() > 0.9
+
+
+def test_example_f16_is_the_same_file_as_llamacpp_converters(example_f16, tmp_path):
+    # From a bf16 checkpoint, as most published ones are.
+    assert_same_file(example_f16, reference_convert(EXAMPLE, tmp_path / "reference-f16.gguf", "f16"))
 
 
 def test_example_tokenizes_in_llamacpp_like_transformers(example_f16):
