@@ -16,6 +16,7 @@ from ggufsmith.errors import GgufsmithError
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("ggufsmith.converters.cli_convert", "convert a Hugging Face model folder to a GGUF file"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
 }
 

@@ -262,6 +262,30 @@ class Keys:
         TAGS = "general.tags"
         LANGUAGES = "general.languages"
         DATASETS = "general.datasets"
+        BASE_MODEL_DESCRIPTION = "general.base_model.{id}.description"
+        DATASET_COUNT = "general.dataset.count"
+        DATASET_NAME = "general.dataset.{id}.name"
+        DATASET_AUTHOR = "general.dataset.{id}.author"
+        DATASET_VERSION = "general.dataset.{id}.version"
+        DATASET_ORGANIZATION = "general.dataset.{id}.organization"
+        DATASET_DESCRIPTION = "general.dataset.{id}.description"
+        DATASET_URL = "general.dataset.{id}.url"
+        DATASET_DOI = "general.dataset.{id}.doi"
+        DATASET_UUID = "general.dataset.{id}.uuid"
+        DATASET_REPO_URL = "general.dataset.{id}.repo_url"
+        # Recommended sampling settings, from generation_config.json.
+        SAMPLING_SEQUENCE = "general.sampling.sequence"
+        SAMPLING_TOP_K = "general.sampling.top_k"
+        SAMPLING_TOP_P = "general.sampling.top_p"
+        SAMPLING_MIN_P = "general.sampling.min_p"
+        SAMPLING_XTC_PROBABILITY = "general.sampling.xtc_probability"
+        SAMPLING_XTC_THRESHOLD = "general.sampling.xtc_threshold"
+        SAMPLING_TEMP = "general.sampling.temp"
+        SAMPLING_PENALTY_LAST_N = "general.sampling.penalty_last_n"
+        SAMPLING_PENALTY_REPEAT = "general.sampling.penalty_repeat"
+        SAMPLING_MIROSTAT = "general.sampling.mirostat"
+        SAMPLING_MIROSTAT_TAU = "general.sampling.mirostat_tau"
+        SAMPLING_MIROSTAT_ETA = "general.sampling.mirostat_eta"
 
     class LLM:
         VOCAB_SIZE = "{arch}.vocab_size"
@@ -330,6 +354,9 @@ class Keys:
         DECODER_EMBEDDING_LENGTH = "{arch}.decoder.embedding_length"
         DECODER_BLOCK_COUNT = "{arch}.decoder.block_count"
         DECODER_HEAD_COUNT = "{arch}.decoder.attention.head_count"
+        # Not in the spec; the fc1/fc2 widths, named like [llm].feed_forward_length.
+        ENCODER_FEED_FORWARD_LENGTH = "{arch}.encoder.feed_forward_length"
+        DECODER_FEED_FORWARD_LENGTH = "{arch}.decoder.feed_forward_length"
 
     class Tokenizer:
         MODEL = "tokenizer.ggml.model"

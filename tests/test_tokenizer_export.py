@@ -189,7 +189,7 @@ def test_unreadable_json_names_the_file(qwen2_dir):
         (lambda d: d["model"].update(continuing_subword_prefix="##"), "continuing_subword_prefix"),
         (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder 'Metaspace'"),
         (lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\w+"), "regexes not known"),
-        (lambda d: d["model"].update(merges=[["a b", "c"]]), "contains a space"),
+        (lambda d: d["model"].update(merges=[["a b", "c"]]), "a space"),
     ],
 )
 def test_unsupported_tokenizer_json_is_rejected(qwen2_dir, edit, message):
@@ -218,3 +218,11 @@ def test_missing_sentencepiece_is_a_clear_error(sp_dir, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_sentencepiece)
     with pytest.raises(TokenizerError, match="needs the sentencepiece and protobuf packages"):
         export_tokenizer(sp_dir, kind="llama")
+
+
+def test_sentencepiece_style_json_forced_to_gpt2_is_refused(tmp_path):
+    model_dir = train_sentencepiece(tmp_path / "sp")
+    transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp_path / "json")
+    assert detect_kind(tmp_path / "json") == "llama"
+    with pytest.raises(TokenizerError, match="kind 'llama'"):
+        export_tokenizer(tmp_path / "json", kind="gpt2")

@@ -310,3 +310,65 @@ def test_sentencepiece_json_special_tokens_and_bos(sp_json_case):
     assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
     tokens = _tokenize(llm, CHECK_TEXT)
     assert llm.detokenize(tokens).decode("utf-8") == " " + CHECK_TEXT
+
+
+# --- every entry of the pre-tokenizer table ------------------------------------------------------
+
+
+def _table_names():
+    from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS
+
+    return [entry.name for entry in PRE_TOKENIZERS]
+
+
+@pytest.mark.parametrize("name", _table_names())
+def test_every_table_entry_tokenizes_like_transformers(tmp_path, name):
+    """For each llama.cpp name we can emit: a tokenizer.json with exactly the regexes and flags the
+    table lists for it is identified as that name, and llama.cpp tokenizes it as transformers does."""
+    from tests.tokenizer_helpers import train_bpe_for_table_entry
+
+    model_dir = train_bpe_for_table_entry(tmp_path / "tok", name)
+    metadata = export_tokenizer(model_dir)
+    assert metadata.get("tokenizer.ggml.pre") == name
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "vocab.gguf"))
+    tokens = _tokenize(llm, CHECK_TEXT)
+    assert tokens == hf.encode(CHECK_TEXT, add_special_tokens=False)
+    assert llm.detokenize(tokens).decode("utf-8") == hf.decode(tokens)
+
+
+def test_sentencepiece_remove_extra_whitespaces_follows_transformers(tmp_path, caplog):
+    # Not applied by llama.cpp's SPM tokenizer nor by transformers' converted tokenizer: llama.cpp
+    # agrees with transformers (the sentencepiece library collapses the spaces), with a warning.
+    model_dir = train_sentencepiece(tmp_path / "sp", remove_extra_whitespaces=True)
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    metadata = export_tokenizer(model_dir)
+    assert "remove_extra_whitespaces" in caplog.text
+    llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "v.gguf"))
+    text = CHECK_TEXT.lstrip()
+    assert _tokenize(llm, text) == hf.encode(text, add_special_tokens=False)
+
+
+def test_sentencepiece_without_dummy_prefix_follows_sentencepiece(tmp_path):
+    # transformers' converted tokenizer prepends "▁" regardless; the model file says not to, and
+    # llama.cpp follows the model file as the sentencepiece library does.
+    import sentencepiece as spm
+
+    model_dir = train_sentencepiece(tmp_path / "sp", add_dummy_prefix=False)
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
+    metadata = export_tokenizer(model_dir)
+    assert metadata.get("tokenizer.ggml.add_space_prefix") is False
+    llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "v.gguf"))
+    assert _tokenize(llm, CHECK_TEXT) == sp.encode(CHECK_TEXT)
+    assert llm.detokenize(_tokenize(llm, CHECK_TEXT)).decode("utf-8") == CHECK_TEXT
+
+
+def test_sentencepiece_user_defined_symbol_with_a_space(tmp_path):
+    # A user-defined "▁myword" is " myword" in raw text, where llama.cpp looks for it.
+    import sentencepiece as spm
+
+    model_dir = train_sentencepiece(tmp_path / "sp", user_defined_symbols=["▁myword", "<tool>"])
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
+    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    for text in ("say myword", "x\n myword", "Grüße myword"):
+        assert _tokenize(llm, text) == sp.encode(text), text

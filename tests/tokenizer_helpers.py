@@ -221,3 +221,43 @@ def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
         path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     write_tokenizer_config(model_dir, clean_up_tokenization_spaces=spec.get("clean_up", False))
     return model_dir
+
+
+def train_bpe_for_table_entry(model_dir: Path, name: str, vocab_size: int = 1500) -> Path:
+    """A byte-level BPE tokenizer whose pre_tokenizer is built from one entry of our
+    pre-tokenizer table, with that entry's ignore_merges and clean-up flags."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from ggufsmith.converters.tokenizer import pretokenizer as pt
+
+    entry = next(e for e in pt.PRE_TOKENIZERS if e.name == name)
+    steps = []
+    for regex in entry.regexes:
+        if regex == pt.GPT2_REGEX:
+            steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+        elif regex == pt.PUNCTUATION_CONTIGUOUS:
+            steps.append(pre_tokenizers.Punctuation(behavior="contiguous"))
+        elif regex == pt.DIGITS_INDIVIDUAL:
+            steps.append(pre_tokenizers.Digits(individual_digits=True))
+        elif regex == pt.DIGITS_RUNS:
+            steps.append(pre_tokenizers.Digits(individual_digits=False))
+        else:
+            steps.append(pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+    if pt.GPT2_REGEX not in entry.regexes:
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    tokenizer = Tokenizer(models.BPE(ignore_merges=entry.ignore_merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_text(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    fast.save_pretrained(model_dir)
+    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=entry.clean_spaces)
+    return model_dir

@@ -92,6 +92,10 @@ class ArchKeys:
     def u32(self, template: str, value: int | None) -> None:
         self._add(template, None if value is None else int(value), GGUFValueType.UINT32)
 
+    def u64(self, template: str, value: int | None) -> None:
+        """For keys the spec types as uint64 where no llama.cpp reader insists on uint32 (rwkv, whisper)."""
+        self._add(template, None if value is None else int(value), GGUFValueType.UINT64)
+
     def f32(self, template: str, value: float | None) -> None:
         self._add(template, None if value is None else float(value), GGUFValueType.FLOAT32)
 
@@ -119,7 +123,7 @@ class Architecture:
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
     tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
     tensor_names: ClassVar[dict[str, str]] = {}  # HF pattern -> GGUF pattern
-    ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose
+    ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
 
     def __init__(self, config: HFConfig) -> None:
@@ -155,10 +159,13 @@ class Architecture:
         order: list[str] = []
         unmapped: list[str] = []
         for hf_name, tensor in source.items():
+            # Ignoring wins over a name pattern, so that a plugin can drop a tensor it would map
+            # otherwise (a tied lm_head) by adding to ignored_tensors.
+            if any(p.fullmatch(hf_name) for p in ignored):
+                continue
             target = _match(patterns, hf_name)
             if target is None:
-                if not any(p.fullmatch(hf_name) for p in ignored):
-                    unmapped.append(hf_name)
+                unmapped.append(hf_name)
                 continue
             gguf_name, expert = target
             if gguf_name not in singles and gguf_name not in expert_groups:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +167,33 @@ class GGUFWriter:
         except BaseException:
             self.abort()
             raise
+        self._next += 1
+
+    def write_tensor_pieces(self, name: str, pieces: Iterable[np.ndarray | bytes | bytearray | memoryview]) -> None:
+        """Like write_tensor, with the data given as consecutive pieces (a large tensor converted
+        in slices of rows), so that the whole tensor never has to be in memory at once."""
+        if self._state == "declaring":
+            self._write_header()
+        self._expect("writing", f"write tensor {name!r}")
+        if self._next >= len(self._tensors):
+            raise GGUFError(f"tensor {name!r} was not declared (all declared tensors are written)")
+        info = self._tensors[self._next]
+        if name != info.name:
+            known = "declared" if name in self._names else "not declared"
+            raise GGUFError(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+        if self.byteorder == "big":
+            raise GGUFError(f"tensor {name}: pieces are not supported for big-endian files; use write_tensor")
+        written = 0
+        for piece in pieces:
+            raw = _as_bytes_view(piece)
+            if written + raw.nbytes > info.nbytes:
+                raise GGUFError(f"tensor {name}: more than the expected {info.nbytes} bytes")
+            self._file.write(raw.data)
+            written += raw.nbytes
+        if written != info.nbytes:
+            raise GGUFError(f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {written}")
+        end = info.offset + info.nbytes
+        self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
         self._next += 1
 
     def finish(self) -> Path:

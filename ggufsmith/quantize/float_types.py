@@ -8,6 +8,13 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 
 
+def _may_contain_nan(rows: np.ndarray) -> bool:
+    """False only if no value is NaN. A sum is one fast pass and turns any NaN into NaN (it may
+    also make NaN from Inf - Inf: then the caller's exact check runs for nothing, which is fine)."""
+    with np.errstate(all="ignore"):
+        return bool(np.isnan(np.add.reduce(rows, axis=None)))
+
+
 def _f32_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     return rows.astype("<f4", copy=False).view(np.uint8)
 
@@ -21,8 +28,8 @@ def _f16_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     # turns every NaN into the canonical quiet NaN 0x7E00 (sign kept); numpy keeps the payload.
     with np.errstate(over="ignore"):
         half = rows.astype("<f2").view("<u2")
-    is_nan = np.isnan(rows)
-    if is_nan.any():
+    if _may_contain_nan(rows):
+        is_nan = np.isnan(rows)
         sign = (rows.view(np.uint32)[is_nan] >> 16).astype(np.uint16) & np.uint16(0x8000)
         half[is_nan] = sign | np.uint16(0x7E00)
     return half.view(np.uint8)
@@ -38,11 +45,18 @@ def _f16_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
 
 def bf16_from_f32(rows: np.ndarray) -> np.ndarray:
     """Round float32 to bfloat16 bits (uint16) as ggml_compute_fp32_to_bf16: nearest even, NaN kept quiet."""
-    bits = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32)
-    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-    quiet_nan = (bits >> 16) | 64
-    return np.where(is_nan, quiet_nan, rounded).astype(np.uint16)
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    bits = rows.view(np.uint32)
+    rounded = bits >> 16
+    rounded &= 1
+    rounded += 0x7FFF
+    rounded += bits  # uint32 wrap-around only for NaN, which is replaced below
+    rounded >>= 16
+    out = rounded.astype(np.uint16)
+    if _may_contain_nan(rows):
+        is_nan = np.isnan(rows)
+        out[is_nan] = ((bits[is_nan] >> 16) | 64).astype(np.uint16)
+    return out
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

@@ -34,38 +34,37 @@ from ggufsmith.quantize.search_affine import (
     nearest_int,
     nearest_int_clipped,
     seq_sum,
+    transposed,
 )
 
 
 def _position_major(rows: np.ndarray, sub: int) -> np.ndarray:
     """x[i, s]: element i of sub-block s, sub-blocks numbered in memory order over all rows."""
-    return np.ascontiguousarray(rows.reshape(-1, sub).T)
+    return transposed(rows.reshape(-1, sub))
 
 
-def _imatrix_weights(rows: np.ndarray, importance: np.ndarray, sub: int, sigma_factor: int) -> np.ndarray:
-    """importance * sqrt(sigma2 + x^2), sigma2 = sigma_factor * mean square of each super-block."""
-    n_super = rows.size // QK_K
+def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, sigma_factor: int) -> np.ndarray:
+    """importance * sqrt(sigma2 + x^2) for x in position-major layout, sigma2 being sigma_factor
+    times the mean square of the super-block."""
+    sub = x.shape[0]
     xs = _position_major(rows, QK_K)  # [256, n_super]
     sigma2 = F32(sigma_factor) * seq_sum(xs * xs) / F32(QK_K)
-    x = _position_major(rows, sub)
-    per_super = QK_K // sub
-    s2 = np.repeat(sigma2, per_super)[None, :]
-    qw = _position_major(np.broadcast_to(importance, (rows.shape[0], importance.size)), sub)
-    del n_super
+    s2 = np.repeat(sigma2, QK_K // sub)[None, :]
+    # column r * blocks_per_row + b of x is block b of row r, which uses importance[b*sub : (b+1)*sub]
+    qw = np.tile(transposed(importance.reshape(-1, sub)), (1, rows.shape[0]))
     return qw * np.sqrt(s2 + x * x)
 
 
 def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray, nmax: int) -> np.ndarray:
     """Round x against the stored sub-block scale d and min dm; sub-blocks with d == 0 keep the
     levels of the search (C skips them)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
+    fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
     return np.where(d != 0, fresh, levels)
 
 
 def _max_positive(values: np.ndarray) -> np.ndarray:
     """C's `if (v > best) best = v` from best = 0 over axis 1: +0 unless something is positive."""
-    best = np.maximum.reduce(values, axis=1)
+    best = np.fmax.reduce(values, axis=1)  # a NaN never passes `v > best`
     return np.where(best > 0, best, F32(0))
 
 
@@ -108,16 +107,15 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
         mins = mins.reshape(n_super, 8)
         max_scale = _max_positive(scales)
         max_min = _max_positive(mins)
-        with np.errstate(divide="ignore", over="ignore"):
-            inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-            inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
+        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
         # uint8_t ls = nearest_int(...); ls = MIN(63, ls): the byte store comes before the clamp.
         ls = np.minimum(nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
         lm = np.minimum(nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
         d_bits = fp16_bits(max_scale / F32(63))
         dmin_bits = fp16_bits(max_min / F32(63))
     else:
-        weights = _imatrix_weights(rows, importance, 32, 2)
+        weights = _imatrix_weights(rows, x, importance, 2)
         sum_w = seq_sum(weights).reshape(n_super, 8).T
         scales, mins, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
         d_block, ls = make_qp_quants(scales.reshape(n_super, 8).T, 63, sum_w)
@@ -135,7 +133,7 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
     d = (fp16_value(d_bits)[:, None] * sc).reshape(1, -1)
     dm = (fp16_value(dmin_bits)[:, None] * m).reshape(1, -1)
     levels = _requantize(x, levels, d, dm, nmax)
-    levels = levels.T.reshape(n_super, QK_K).astype(np.uint8)
+    levels = transposed(levels.astype(np.uint8)).reshape(n_super, QK_K)
     return d_bits, dmin_bits, packed_scales, levels
 
 
@@ -209,16 +207,15 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
         mins = mins.reshape(n_super, 16)
         max_scale = _max_positive(scales)
         max_min = _max_positive(mins)
-        with np.errstate(divide="ignore", over="ignore"):
-            inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
-            inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
+        inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
+        inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
         # C stores these ints into bytes without a clamp: keep the low bits as it does.
         ls = nearest_int(inv_scale[:, None] * scales).astype(np.uint8)
         lm = nearest_int(inv_min[:, None] * mins).astype(np.uint8)
         d_bits = fp16_bits(max_scale / F32(15))
         dmin_bits = fp16_bits(max_min / F32(15))
     else:
-        weights = _imatrix_weights(rows, importance, 16, 1)
+        weights = _imatrix_weights(rows, x, importance, 1)
         sum_w = seq_sum(weights).reshape(n_super, 16).T
         scales, mins, levels = make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, False)
         d_block, ls = make_qp_quants(scales.reshape(n_super, 16).T, 15, sum_w)
@@ -233,7 +230,7 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     dm = (fp16_value(dmin_bits)[:, None] * (packed_scales >> 4)).reshape(1, -1)
     levels = _requantize(x, levels, d, dm, 3)
     # 128-weight halves: byte l holds weights l, l+32, l+64, l+96 in bits 0-1, 2-3, 4-5, 6-7
-    quarters = levels.T.reshape(n_super, 2, 4, 32).astype(np.uint8)
+    quarters = transposed(levels.astype(np.uint8)).reshape(n_super, 2, 4, 32)
     qs = quarters[:, :, 0] | (quarters[:, :, 1] << 2) | (quarters[:, :, 2] << 4) | (quarters[:, :, 3] << 6)
     out = np.concatenate([packed_scales, qs.reshape(n_super, 64), _header(d_bits, dmin_bits)], axis=1)
     return out.reshape(rows.shape[0], -1)

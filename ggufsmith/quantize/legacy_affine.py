@@ -18,6 +18,7 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_affine import (
     F32,
+    aligned_empty,
     first_max,
     first_min,
     float_exceptions_expected,
@@ -25,98 +26,110 @@ from ggufsmith.quantize.search_affine import (
     fp16_value,
     make_qkx_quants,
     seq_sum,
+    transposed,
 )
 
 BLOCK = 32
 
 
 def _ref_levels(rows: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(d, min, rounded int32 levels) of quantize_row_q{4,5}_1_ref for blocks[n_blocks, 32]."""
-    blocks = rows.reshape(-1, BLOCK)
-    low = first_min(blocks, axis=1)
-    high = first_max(blocks, axis=1)
-    d = (high - low) / F32(nmax)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv_d = np.where(d != 0, F32(1) / d, F32(0))
-        scaled = (blocks - low[:, None]) * inv_d[:, None]
-        scaled += F32(0.5)
-        # C converts with truncation toward zero (cvttss2si: NaN and out-of-range give INT_MIN).
-        levels = scaled.astype(np.int32)
-    return d, low, levels
+    """(d, min, levels[32, n_blocks] as the bytes C stores) of quantize_row_q{4,5}_1_ref."""
+    # Position-major, so that reductions and per-block scalars run along the long axis (fast in
+    # numpy) rather than along the 32 elements of a block.
+    x = transposed(rows.reshape(-1, BLOCK))
+    low = first_min(x)
+    high = first_max(x)
+    span = high - low
+    d = span / F32(nmax)
+    inv_d = np.where(d != 0, F32(1) / d, F32(0))
+    scaled = np.subtract(x, low, out=aligned_empty(x.shape))
+    scaled *= inv_d
+    scaled += F32(0.5)
+    if np.isfinite(inv_d).all() and np.isfinite(span).all():
+        # Then 0.5 <= scaled < nmax + 1 (a finite 1/d means d is precise to 2^-21 even when
+        # subnormal), so C's truncating conversion is a plain cast to bytes and Q4_1's MIN(15, .)
+        # never binds.
+        return d, low, scaled.astype(np.uint8)
+    # Degenerate blocks (span overflowing, or 1/d infinite): emulate C's conversion exactly,
+    # cvttss2si giving INT_MIN for NaN and out-of-range values, then the byte store.
+    wide = scaled.astype(np.int32)
+    if nmax == 15:  # MIN(15, (int8_t)v)
+        return d, low, np.minimum(wide.astype(np.int8), 15).astype(np.uint8)
+    return d, low, wide.astype(np.uint8)
 
 
 def _imatrix_levels(rows: np.ndarray, importance: np.ndarray, nmax: int):
-    """(d, min, levels[n_blocks, 32]) of quantize_row_q{4,5}_1_impl with quant_weights."""
+    """(d, min, levels[32, n_blocks]) of quantize_row_q{4,5}_1_impl with quant_weights."""
     n_rows, row_length = rows.shape
-    sigma2 = seq_sum(rows.T * rows.T) / F32(row_length)
+    columns = transposed(rows)
+    sigma2 = seq_sum(columns * columns) / F32(row_length)
     # position-major: x[i, block] is element i of each block; the blocks of a row share sigma2.
-    x = rows.reshape(n_rows, -1, BLOCK).transpose(2, 0, 1).reshape(BLOCK, -1)
-    qw = np.broadcast_to(importance.reshape(-1, BLOCK).T[:, None, :], (BLOCK, n_rows, row_length // BLOCK))
-    s2 = np.repeat(sigma2, row_length // BLOCK)[None, :]
-    weights = qw.reshape(BLOCK, -1) * np.sqrt(s2 + x * x)
+    x = transposed(rows.reshape(-1, BLOCK))
+    qw = np.tile(transposed(importance.reshape(-1, BLOCK)), (1, n_rows))
+    s2 = np.repeat(sigma2, row_length // BLOCK)
+    weights = qw * np.sqrt(s2 + x * x)
     scale, the_min, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
-    return scale, -the_min, levels.T.astype(np.int32)
+    return scale, -the_min, levels.astype(np.uint8)
 
 
-def _header(d: np.ndarray, low: np.ndarray) -> np.ndarray:
-    return np.stack([fp16_bits(d), fp16_bits(low)], axis=1).view(np.uint8)
+def _blocks(n_rows: int, d: np.ndarray, low: np.ndarray, *body: np.ndarray) -> np.ndarray:
+    """Rows of blocks from per-block d, m and body bytes given position-major ([bytes, n_blocks])."""
+    d16 = fp16_bits(d)
+    m16 = fp16_bits(low)
+    header = np.stack([d16 & 0xFF, d16 >> 8, m16 & 0xFF, m16 >> 8]).astype(np.uint8)
+    return transposed(np.concatenate([header, *body])).reshape(n_rows, -1)
 
 
 @float_exceptions_expected
 def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    n_rows = rows.shape[0]
     if importance is None:
         d, low, levels = _ref_levels(rows, 15)
-        levels = np.minimum(levels.astype(np.int8), 15).astype(np.uint8)  # MIN(15, (int8_t)v)
     else:
         d, low, levels = _imatrix_levels(rows, importance, 15)
-        levels = levels.astype(np.uint8)
-    qs = levels[:, :16] | (levels[:, 16:] << 4)
-    out = np.concatenate([_header(d, low), qs], axis=1)
-    return out.reshape(n_rows, -1)
+    qs = levels[:16] | (levels[16:] << 4)
+    return _blocks(rows.shape[0], d, low, qs)
 
 
 @float_exceptions_expected
 def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    n_rows = rows.shape[0]
     if importance is None:
         d, low, levels = _ref_levels(rows, 31)
     else:
         d, low, levels = _imatrix_levels(rows, importance, 31)
-    levels = levels.astype(np.uint8)  # (uint8_t) keeps the low byte
-    qs = (levels[:, :16] & 0x0F) | ((levels[:, 16:] & 0x0F) << 4)
-    high_bits = ((levels >> 4) & 1).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)
-    qh = np.bitwise_or.reduce(high_bits, axis=1).astype("<u4").view(np.uint8).reshape(-1, 4)
-    out = np.concatenate([_header(d, low), qh, qs], axis=1)
-    return out.reshape(n_rows, -1)
+    qs = (levels[:16] & 0x0F) | ((levels[16:] & 0x0F) << 4)
+    # bit j of the little-endian u32 qh is bit 4 of level j: byte k gathers levels 8k .. 8k+7
+    fifth = ((levels >> 4) & 1).reshape(4, 8, -1)
+    qh = fifth[:, 0].copy()
+    for bit in range(1, 8):
+        qh |= fifth[:, bit] << bit
+    return _blocks(rows.shape[0], d, low, qh, qs)
 
 
-def _dequantize(d_bits: np.ndarray, m_bits: np.ndarray, levels: np.ndarray, shape) -> np.ndarray:
-    d = fp16_value(d_bits)[:, None]
-    m = fp16_value(m_bits)[:, None]
-    values = levels.astype(F32) * d
-    values += m
+def _dequantize(blocks: np.ndarray, low_nibbles: np.ndarray, high_nibbles: np.ndarray, shape) -> np.ndarray:
+    """x = q * d + m per block (ggml's order: the product rounds first); q given as its first and
+    second 16 levels, uint8[n_blocks, 16] each."""
+    header = blocks[:, :4].copy().view("<u2")
+    values = aligned_empty((blocks.shape[0], BLOCK))
+    np.copyto(values[:, :16], low_nibbles, casting="unsafe")
+    np.copyto(values[:, 16:], high_nibbles, casting="unsafe")
+    values *= fp16_value(header[:, 0])[:, None]
+    values += fp16_value(header[:, 1])[:, None]
     return values.reshape(shape)
 
 
 @float_exceptions_expected
 def dequantize_q4_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 20)
-    header = blocks[:, :4].copy().view("<u2")
     qs = blocks[:, 4:]
-    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-    return _dequantize(header[:, 0], header[:, 1], levels, (data.shape[0], row_length))
+    return _dequantize(blocks, qs & 0x0F, qs >> 4, (data.shape[0], row_length))
 
 
 @float_exceptions_expected
 def dequantize_q5_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 24)
-    header = blocks[:, :4].copy().view("<u2")
-    qh = blocks[:, 4:8].copy().view("<u4")
     qs = blocks[:, 8:]
-    high = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4
-    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | high
-    return _dequantize(header[:, 0], header[:, 1], levels, (data.shape[0], row_length))
+    high = np.unpackbits(blocks[:, 4:8], axis=1, bitorder="little") << 4
+    return _dequantize(blocks, (qs & 0x0F) | high[:, :16], (qs >> 4) | high[:, 16:], (data.shape[0], row_length))
 
 
 register(QuantFormat(GGMLType.Q4_1, quantize_q4_1, dequantize_q4_1, supports_importance=True))

@@ -9,10 +9,14 @@ float32 arithmetic step for step, but on all blocks of a chunk at once:
 * a block leaves a search early in C; here every block runs every step and masks decide which
   results are kept, which gives the same values because the skipped steps never feed back;
 * C's `nearest_int` (the 12582912.f trick) is emulated on the float's bits, so even values out
-  of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml.
+  of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml; where a
+  bound proves every value is within that range, np.rint (also round-half-even) does it faster.
 
 All arithmetic stays float32: Python floats are turned into np.float32 before they meet arrays.
-Temporaries are a few arrays of the input's size (the registry hands us ~1M elements at a time).
+No fused multiply-add is emulated: ggml-quants.c is built into libggml-base for the baseline
+x86-64 target (no -march=native, so no FMA instructions), and every `a*b + c` there rounds twice,
+as numpy does. The searches run on batches of SEARCH_BATCH_ELEMENTS inputs so their temporaries
+stay in cache; callers hold a few arrays of the registry's chunk size (~1M elements).
 """
 
 from __future__ import annotations
@@ -71,6 +75,38 @@ def seq_sum(terms: np.ndarray) -> np.ndarray:
     return np.add.reduce(terms, axis=0)
 
 
+def aligned_empty(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+    """An uninitialized array starting on a 64-byte boundary. numpy only guarantees 16 bytes, and
+    its AVX-512 loops run about twice as fast when their output is cache-line aligned."""
+    dtype = np.dtype(dtype)
+    n_bytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n_bytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + n_bytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(a: np.ndarray, dtype=F32) -> np.ndarray:
+    out = aligned_empty(a.shape, dtype)
+    out[...] = a
+    return out
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of a 2-D array's transpose.
+
+    numpy copies a transposed view element by element in source order, writing a whole cache
+    line per element; going tile by tile keeps both sides in cache and is ~5x faster here.
+    """
+    n_rows, n_cols = a.shape
+    out = aligned_empty((n_cols, n_rows), a.dtype)
+    tile_cols = min(n_cols, 64)
+    tile_rows = max(32, 4096 // tile_cols)
+    for r in range(0, n_rows, tile_rows):
+        for c in range(0, n_cols, tile_cols):
+            out[c : c + tile_cols, r : r + tile_rows] = a[r : r + tile_rows, c : c + tile_cols].T
+    return out
+
+
 def first_min(x: np.ndarray, axis: int = 0) -> np.ndarray:
     """Minimum along `axis` as C's `if (v < min) min = v` loop finds it: for a zero minimum the
     sign is that of the first zero, since -0.0 < 0.0 is false."""
@@ -101,6 +137,7 @@ SEARCH_BATCH_ELEMENTS = 1 << 16
 _NEAREST_INT_EXACT = F32(4194303)
 
 
+@float_exceptions_expected
 def make_qkx_quants(
     x: np.ndarray,
     weights: np.ndarray,
@@ -119,16 +156,14 @@ def make_qkx_quants(
     n, n_blocks = x.shape
     batch = max(8, SEARCH_BATCH_ELEMENTS // n)
     if n_blocks <= batch:
-        return _search_batch(np.ascontiguousarray(x, dtype=F32), np.ascontiguousarray(weights, dtype=F32),
-                             nmax, rmin, rdelta, nstep, use_mad)
+        return _search_batch(aligned_copy(x), aligned_copy(weights), nmax, rmin, rdelta, nstep, use_mad)
     scale = np.empty(n_blocks, dtype=F32)
     the_min = np.empty(n_blocks, dtype=F32)
     levels = np.empty((n, n_blocks), dtype=F32)
     for start in range(0, n_blocks, batch):
         part = slice(start, start + batch)
         scale[part], the_min[part], levels[:, part] = _search_batch(
-            np.ascontiguousarray(x[:, part], dtype=F32), np.ascontiguousarray(weights[:, part], dtype=F32),
-            nmax, rmin, rdelta, nstep, use_mad,
+            aligned_copy(x[:, part]), aligned_copy(weights[:, part]), nmax, rmin, rdelta, nstep, use_mad
         )
     return scale, the_min, levels
 
@@ -145,8 +180,9 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     flat_min = low[flat]
     live = ~flat  # flat blocks return early in C; their arithmetic here is discarded
 
-    buf = np.empty_like(x)
-    tmp = np.empty_like(x)
+    buf = aligned_empty(x.shape)
+    tmp = aligned_empty(x.shape)
+    tmp2 = aligned_empty(x.shape)
 
     def levels_into(out, iscale, low):
         """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32."""
@@ -182,13 +218,10 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         for step in range(nstep + 1):
             trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
             trial = levels_into(buf, trial_iscale, low)
-            np.multiply(w, trial, out=tmp)
-            sum_l = seq_sum(tmp)
-            tmp *= trial
-            sum_l2 = seq_sum(tmp)
-            np.multiply(w, trial, out=tmp)
-            tmp *= x
-            sum_xl = seq_sum(tmp)
+            wl = np.multiply(w, trial, out=tmp)
+            sum_l = seq_sum(wl)
+            sum_l2 = seq_sum(np.multiply(wl, trial, out=tmp2))
+            sum_xl = seq_sum(np.multiply(wl, x, out=tmp2))
             det = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
@@ -205,7 +238,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
                 scale = np.where(better, this_scale, scale)
                 low = np.where(better, this_min, low)
 
-    levels = levels_into(np.empty_like(x), best_iscale, best_low)
+    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low)
     if flat.any():
         levels[:, flat] = 0
         scale = np.where(flat, F32(0), scale)
@@ -213,6 +246,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
 
 
+@float_exceptions_expected
 def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """make_qp_quants on x[n, blocks] (non-negative per-sub-block scales or mins of super-blocks).
 
@@ -225,8 +259,9 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
     n = x.shape[0]
     fnmax = F32(nmax)
 
-    high = np.maximum.reduce(x, axis=0)
-    high = np.where(high > 0, high, F32(0))
+    high = np.zeros(x.shape[1], dtype=F32)
+    for row in x:  # C's MAX(max, x[i]) = max > x[i] ? max : x[i], NaN included
+        high = np.where(high > row, high, row)
     all_zero = high < GROUP_MAX_EPS
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

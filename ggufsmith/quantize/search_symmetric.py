@@ -17,6 +17,8 @@ of magnitude slower than arithmetic.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # ggml treats a group whose largest magnitude is below this as all zero.
@@ -24,10 +26,26 @@ GROUP_MAX_EPS = np.float32(1e-15)
 
 # Groups per tile in make_qx_quants: 16 x 4096 float32 = 256 KiB per buffer, five buffers.
 TILE_GROUPS = 4096
+# make_q3_quants' sweeps work on vectors of one value per group: longer tiles amortize the
+# ~600 numpy calls of a sweep, while 16 x 16384 float32 buffers still stay in L2.
+Q3_TILE_GROUPS = 16384
 
 _ROUNDING_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
 _ZERO = np.float32(0)
 _TRANSPOSE_SLICE = 256
+
+
+def ieee_quiet(func):
+    """Run a row function with numpy's float warnings off: for extreme inputs ggml's float32 math
+    overflows to Inf and makes NaN (e.g. 1/d of a subnormal d, x*x of a huge x), and we reproduce
+    that rather than warn about it."""
+
+    @functools.wraps(func)
+    def quiet(*args):
+        with np.errstate(all="ignore"):
+            return func(*args)
+
+    return quiet
 
 
 def nearest_int(values: np.ndarray) -> np.ndarray:
@@ -83,8 +101,18 @@ def from_position_major(by_position: np.ndarray) -> np.ndarray:
 
 
 def ordered_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`."""
-    return np.add.reduce(terms, axis=0, initial=_ZERO)
+    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`.
+
+    For a C-contiguous [n, groups >= 2] array numpy's reduce adds whole rows in order. With one
+    group the array is effectively 1-D and numpy sums it pairwise, which rounds differently: then
+    (and for any other layout) add the rows one by one.
+    """
+    if terms.ndim == 2 and terms.shape[1] >= 2 and terms.flags.c_contiguous:
+        return np.add.reduce(terms, axis=0, initial=_ZERO)
+    total = np.zeros(terms.shape[1:], dtype=np.float32)
+    for row in terms:
+        total += row
+    return total
 
 
 def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:
@@ -158,9 +186,9 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             best = select(better, scale * sum_lx, best)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
-    all_zero = amax < GROUP_MAX_EPS
-    scale[all_zero] = 0
-    out = (best_levels + np.float32(nmax)).astype(np.uint8)
+        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        scale[all_zero] = 0
+        out = (best_levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
 
@@ -172,6 +200,16 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     x: float32[n, groups], position-major. Returns (scale float32[groups], levels uint8[n, groups]
     in 0 .. 2*nmax-1); all-zero groups get scale 0 and levels 0, as in ggml.
     """
+    n, n_groups = x.shape
+    scale = np.empty(n_groups, dtype=np.float32)
+    levels = np.empty((n, n_groups), dtype=np.uint8)
+    for start in range(0, n_groups, Q3_TILE_GROUPS):
+        tile = slice(start, start + Q3_TILE_GROUPS)
+        scale[tile], levels[:, tile] = _make_q3_quants_tile(np.ascontiguousarray(x[:, tile]), nmax)
+    return scale, levels
+
+
+def _make_q3_quants_tile(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(all="ignore"):
         amax, signed_max = signed_max_abs(x)
         iscale = np.float32(-nmax) / signed_max
@@ -189,30 +227,34 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
         for _ in range(4):
             if active.size == 0:
                 break
-            subset = [np.take(a, active, axis=-1) for a in (x, weights, weighted_x, levels, sum_lx, sum_l2)]
-            changed = _q3_sweep(*subset, nmax)
-            levels[:, active], sum_lx[active], sum_l2[active] = subset[3], subset[4], subset[5]
+            x_sub, levels_sub = np.take(x, active, axis=1), np.take(levels, active, axis=1)
+            lx_sub, l2_sub = sum_lx[active], sum_l2[active]
+            weights_sub = x_sub * x_sub
+            changed = _q3_sweep(x_sub, weights_sub, weights_sub * x_sub, levels_sub, lx_sub, l2_sub, nmax)
+            levels[:, active], sum_lx[active], sum_l2[active] = levels_sub, lx_sub, l2_sub
             active = active[changed]
 
         scale = select(sum_l2 > 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
-    all_zero = amax < GROUP_MAX_EPS
-    scale[all_zero] = 0
-    out = (levels + np.float32(nmax)).astype(np.uint8)
+        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        scale[all_zero] = 0
+        out = (levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
 
 
 def _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax: int) -> np.ndarray:
     """One sweep of make_q3_quants over every group given, updating levels and the running sums in
-    place; returns which groups changed. Every step works in preallocated buffers: at ~40 vector
-    operations per position, allocation would otherwise cost more than the arithmetic."""
+    place; returns which groups changed.
+
+    For each position the proposed level is computed for all groups in preallocated buffers; only
+    ~2% of groups propose a different level, so the acceptance test and the updates run on those
+    alone."""
     n, n_groups = x.shape
-    slx, sl2, new, new_lx, new_l2, t1, t2 = np.empty((7, n_groups), dtype=np.float32)
-    accept = np.empty(n_groups, dtype=bool)
+    slx, sl2, new, t1 = np.empty((4, n_groups), dtype=np.float32)
+    movable = np.empty(n_groups, dtype=bool)
     test = np.empty(n_groups, dtype=bool)
-    mask = np.empty(n_groups, dtype=np.uint32)
     changed = np.zeros(n_groups, dtype=bool)
-    t1_bits, t2_bits = t1.view(np.int32), t2.view(np.uint32)
+    t1_bits = t1.view(np.int32)
     for i in range(n):
         old = levels[i]
         # slx = sumlx - w*x*L; sl2 = suml2 - w*L*L
@@ -229,33 +271,22 @@ def _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax: int) -> np.n
         t1_bits -= 0x00400000
         np.copyto(new, t1_bits, casting="unsafe")
         np.clip(new, -nmax, nmax - 1, out=new)
-        # the sums with the new level
-        np.multiply(weighted_x[i], new, out=t1)
-        np.add(slx, t1, out=new_lx)
-        np.multiply(weights[i], new, out=t1)
-        t1 *= new
-        np.add(sl2, t1, out=new_l2)
-        # accept if slx > 0, the level moved, new_l2 > 0 and new_lx^2*suml2 > sumlx^2*new_l2
-        np.greater(slx, 0, out=accept)
+        # ggml only considers the move if slx > 0 and the level differs
+        np.greater(slx, 0, out=movable)
         np.not_equal(new, old, out=test)
-        accept &= test
-        np.greater(new_l2, 0, out=test)
-        accept &= test
-        np.multiply(new_lx, new_lx, out=t1)
-        t1 *= sum_l2
-        np.multiply(sum_lx, sum_lx, out=t2)
-        t2 *= new_l2
-        np.greater(t1, t2, out=test)
-        accept &= test
-        changed |= accept
-        # Levels are small integers, so an arithmetic select is exact; the sums need a bitwise one.
-        np.subtract(new, old, out=t1)
-        t1 *= accept
-        old += t1
-        np.negative(accept, dtype=np.uint32, out=mask)
-        for running, candidate in ((sum_lx, new_lx), (sum_l2, new_l2)):
-            running_bits = running.view(np.uint32)
-            np.bitwise_xor(candidate.view(np.uint32), running_bits, out=t2_bits)
-            t2_bits &= mask
-            running_bits ^= t2_bits
+        movable &= test
+        candidates = np.flatnonzero(movable)
+        if candidates.size == 0:
+            continue
+        level = new[candidates]
+        run_lx, run_l2 = sum_lx[candidates], sum_l2[candidates]
+        new_lx = slx[candidates] + weighted_x[i, candidates] * level
+        new_l2 = sl2[candidates] + weights[i, candidates] * level * level
+        # accept if new_l2 > 0 and new_lx^2 * suml2 > sumlx^2 * new_l2
+        accept = (new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2)
+        accepted = candidates[accept]
+        levels[i, accepted] = level[accept]
+        sum_lx[accepted] = new_lx[accept]
+        sum_l2[accepted] = new_l2[accept]
+        changed[accepted] = True
     return changed

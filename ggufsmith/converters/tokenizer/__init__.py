@@ -4,6 +4,7 @@ Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
   "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
+  "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
 Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
 """
 
@@ -18,44 +19,55 @@ from .bpe import load_bpe_vocabulary
 from .chat_template import add_chat_template_metadata
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
 from .pretokenizer import identify_pre_tokenizer
+from .rwkv_world import RWKV_WORLD_VOCAB, export_rwkv_world, has_rwkv_world_vocab
 from .sentencepiece import is_sentencepiece_model, load_sentencepiece_vocabulary
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
 
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer"]
 
-KINDS = ("llama", "gpt2")
+KINDS = ("llama", "gpt2", "rwkv")
 
 
-def detect_kind(model_dir: Path) -> str:
+def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
     """"llama" if tokenizer.model is a SentencePiece model, else from tokenizer.json: "llama" for a
-    SentencePiece-style BPE (byte_fallback), "gpt2" for anything else (checked when exported)."""
+    SentencePiece-style BPE (byte_fallback), "gpt2" for anything else (checked when exported).
+    `tokenizer_json` is the already parsed tokenizer.json, if the caller has it."""
     model_file = model_dir / TOKENIZER_MODEL
     json_file = model_dir / TOKENIZER_JSON
     if model_file.is_file() and (not json_file.is_file() or is_sentencepiece_model(model_file)):
         return "llama"
     if json_file.is_file():
-        return "llama" if is_sentencepiece_style(read_json_object(json_file)) else "gpt2"
-    raise TokenizerError(f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL} or {TOKENIZER_JSON})")
+        if tokenizer_json is None:
+            tokenizer_json = read_json_object(json_file)
+        return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
+    if has_rwkv_world_vocab(model_dir):
+        return "rwkv"
+    raise TokenizerError(
+        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON} or {RWKV_WORLD_VOCAB})"
+    )
 
 
 def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: str | None = None) -> Metadata:
     """Every tokenizer.* key llama.cpp reads for the tokenizer in `model_dir`.
 
     `vocab_size` (config.json's) pads the vocabulary with unused [PAD<id>] tokens up to the model's
-    embedding rows; a larger tokenizer is an error. `kind` ("llama" or "gpt2") overrides detection.
+    embedding rows; a larger tokenizer is an error. `kind` ("llama", "gpt2" or "rwkv") overrides detection.
     """
     model_dir = Path(model_dir)
-    kind = kind or detect_kind(model_dir)
+    json_file = model_dir / TOKENIZER_JSON
+    tokenizer_json = read_json_object(json_file)  # {} when absent; parsed once, it can be large
+    kind = kind or detect_kind(model_dir, tokenizer_json)
+    if kind == "rwkv":
+        return export_rwkv_world(model_dir, vocab_size=vocab_size)
     files = TokenizerFiles.load(model_dir)
     post_processor = None
     fallback_ids: dict[str, int] = {}
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
-        json_file = model_dir / TOKENIZER_JSON
         if model_file.is_file() and is_sentencepiece_model(model_file):
-            vocab, fallback_ids = load_sentencepiece_vocabulary(model_dir, files, model_file)
-        elif json_file.is_file() and is_sentencepiece_style(tokenizer_json := read_json_object(json_file)):
+            vocab, fallback_ids = load_sentencepiece_vocabulary(model_dir, files, model_file, tokenizer_json)
+        elif is_sentencepiece_style(tokenizer_json):
             vocab = load_sentencepiece_json_vocabulary(json_file, tokenizer_json, files)
             post_processor = tokenizer_json.get("post_processor")
         else:
@@ -66,10 +78,8 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
         # transformers' LlamaTokenizer adds <s> but not </s> unless tokenizer_config.json says otherwise.
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":
-        json_file = model_dir / TOKENIZER_JSON
         if not json_file.is_file():
             raise TokenizerError(f"{json_file}: missing; a 'gpt2' (BPE) tokenizer needs it")
-        tokenizer_json = read_json_object(json_file)
         vocab = load_bpe_vocabulary(json_file, tokenizer_json, files)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False

@@ -44,8 +44,8 @@ def _check_model(model: dict[str, Any], path: Path) -> None:
             raise TokenizerError(f"{path}: BPE {option}={model[option]!r} is not supported by llama.cpp")
     if model.get("byte_fallback"):
         raise TokenizerError(
-            f"{path}: BPE with byte_fallback is a SentencePiece-style tokenizer; convert it from its "
-            "tokenizer.model (a tokenizer.json alone is not supported for it)"
+            f"{path}: BPE with byte_fallback is a SentencePiece-style tokenizer, exported as kind 'llama', "
+            "not 'gpt2'"
         )
 
 
@@ -62,12 +62,17 @@ def _merges(model: dict[str, Any], path: Path) -> list[str]:
     """Merges as the "left right" strings llama.cpp splits at the first space."""
     merges = []
     for merge in model.get("merges") or []:
-        pair = merge.split(" ") if isinstance(merge, str) else merge
-        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p for p in pair)):
-            raise TokenizerError(f"{path}: merge {merge!r} is not a pair of non-empty strings without spaces")
-        if " " in pair[0] or " " in pair[1]:
-            raise TokenizerError(f"{path}: merge {merge!r} contains a space, which llama.cpp cannot represent")
-        merges.append(f"{pair[0]} {pair[1]}")
+        if isinstance(merge, str):  # the older "left right" form
+            left, _, right = merge.partition(" ")
+        elif isinstance(merge, list) and len(merge) == 2 and all(isinstance(part, str) for part in merge):
+            left, right = merge
+        else:
+            raise TokenizerError(f"{path}: merge {merge!r} is neither \"left right\" nor [left, right]")
+        if not left or not right or " " in left or " " in right:
+            raise TokenizerError(
+                f"{path}: merge {merge!r} has an empty part or a space, which llama.cpp cannot represent"
+            )
+        merges.append(f"{left} {right}")
     return merges
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .hf_files import ADDED_TOKENS, TOKENIZER_CONFIG, TOKENIZER_JSON, TokenizerFiles, read_json, read_json_object
+from .hf_files import ADDED_TOKENS, TokenizerFiles, read_json
 from .vocab import ADDED_TOKEN_SCORE, Vocabulary, added_token_type
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,11 @@ def _check_supported(proto: Any, path: Path) -> None:
         )
     if proto.trainer_spec.treat_whitespace_as_suffix:
         raise TokenizerError(f"{path}: SentencePiece treat_whitespace_as_suffix is not supported by llama.cpp")
+    if normalizer.remove_extra_whitespaces:
+        # Neither llama.cpp's SPM tokenizer nor transformers' converted tokenizer collapses runs of
+        # whitespace, so both split such runs differently from the sentencepiece library.
+        log.warning("%s: remove_extra_whitespaces is not applied by llama.cpp (nor by transformers' fast "
+                    "tokenizer); runs of spaces tokenize differently from the sentencepiece library", path)
 
 
 def _apply_added_tokens(vocab: Vocabulary, entries: list[tuple[int, str, bool | None]], source: Path) -> None:
@@ -92,37 +97,51 @@ def _apply_added_tokens(vocab: Vocabulary, entries: list[tuple[int, str, bool | 
         vocab.set_token(token_id, text, token_type, ADDED_TOKEN_SCORE)
 
 
-def added_token_entries(model_dir: Path, files: TokenizerFiles) -> list[tuple[int, str, bool | None]]:
+def added_token_entries(
+    model_dir: Path, files: TokenizerFiles, tokenizer_json: dict[str, Any]
+) -> list[tuple[int, str, bool | None]]:
     """Added tokens from added_tokens.json, tokenizer.json and tokenizer_config.json, in that order."""
     entries: list[tuple[int, str, bool | None]] = []
     added_json = read_json(model_dir / ADDED_TOKENS)
     if isinstance(added_json, dict):
         entries += [(int(i), text, None) for text, i in added_json.items()]
-    tokenizer_json = read_json_object(model_dir / TOKENIZER_JSON)
-    for item in tokenizer_json.get("added_tokens") or []:
-        entries.append((int(item["id"]), item["content"], bool(item.get("special"))))
     decoder = files.tokenizer_config.get("added_tokens_decoder") or {}
-    for token_id, item in decoder.items():
+    items = [(item.get("id"), item) for item in tokenizer_json.get("added_tokens") or []]
+    items += list(decoder.items())
+    for token_id, item in items:
         text = item.get("content") if isinstance(item, dict) else None
-        if not isinstance(text, str):
-            raise TokenizerError(f"{model_dir / TOKENIZER_CONFIG}: added_tokens_decoder[{token_id!r}] has no content")
+        if not isinstance(text, str) or not text:
+            raise TokenizerError(f"{model_dir}: added token {token_id!r} has no content")
+        if item.get("lstrip") or item.get("rstrip"):
+            log.warning("%s: added token %r strips neighbouring spaces in transformers; llama.cpp keeps them",
+                        model_dir, text)
         entries.append((int(token_id), text, bool(item.get("special"))))
     return entries
 
 
-def load_sentencepiece_vocabulary(model_dir: Path, files: TokenizerFiles, model_path: Path) -> tuple[Vocabulary, dict[str, int]]:
-    """The vocabulary of a SentencePiece BPE model, and the special ids the model itself declares."""
+def load_sentencepiece_vocabulary(
+    model_dir: Path, files: TokenizerFiles, model_path: Path, tokenizer_json: dict[str, Any]
+) -> tuple[Vocabulary, dict[str, int]]:
+    """The vocabulary of a SentencePiece BPE model, and the special ids the model itself declares.
+    `tokenizer_json` ({} if none) contributes its added tokens, as transformers' fast tokenizer does."""
     proto = load_model_proto(model_path)
     _check_supported(proto, model_path)
     vocab = Vocabulary(model="llama", pre="default", source=model_path, scores=[])
     for token_id, piece in enumerate(proto.pieces):
-        vocab.set_token(token_id, piece.piece, _SP_PIECE_TYPES.get(piece.type, TokenType.NORMAL), piece.score)
-    _apply_added_tokens(vocab, added_token_entries(model_dir, files), model_path)
+        token_type = _SP_PIECE_TYPES.get(piece.type, TokenType.NORMAL)
+        text = piece.piece
+        if token_type == TokenType.USER_DEFINED:
+            # sentencepiece matches user-defined symbols in text whose spaces are "▁"; llama.cpp
+            # matches them in the raw text, so "▁myword" must read " myword" there.
+            text = text.replace(_WHITESPACE_MARK, " ")
+        vocab.set_token(token_id, text, token_type, piece.score)
+    _apply_added_tokens(vocab, added_token_entries(model_dir, files, tokenizer_json), model_path)
 
     add_prefix = files.tokenizer_config.get("add_prefix_space")
     vocab.add_space_prefix = add_prefix if isinstance(add_prefix, bool) else proto.normalizer_spec.add_dummy_prefix
     vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
 
+    # transformers' LlamaTokenizer defaults to the model's <unk>, <s> and </s>, and to no pad token.
     spec = proto.trainer_spec
-    declared = {"unk": spec.unk_id, "bos": spec.bos_id, "eos": spec.eos_id, "pad": spec.pad_id}
+    declared = {"unk": spec.unk_id, "bos": spec.bos_id, "eos": spec.eos_id}
     return vocab, {role: i for role, i in declared.items() if 0 <= i < len(proto.pieces)}

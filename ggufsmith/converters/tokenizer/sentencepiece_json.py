@@ -40,9 +40,13 @@ def _space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
     norm_steps = _steps(tokenizer_json.get("normalizer"), "normalizers")
     if pre:
         if pre.get("type") != "Metaspace" or pre.get("replacement", _WHITESPACE_MARK) != _WHITESPACE_MARK:
-            raise TokenizerError(f"{path}: SentencePiece-style BPE with pre-tokenizer {pre.get('type')!r} is not supported")
+            raise TokenizerError(
+                f"{path}: SentencePiece-style BPE with pre-tokenizer {pre.get('type')!r} is not supported"
+            )
         if pre.get("split", False):
-            raise TokenizerError(f"{path}: Metaspace with split=true is not supported (llama.cpp never splits on spaces)")
+            raise TokenizerError(
+                f"{path}: Metaspace with split=true is not supported (llama.cpp never splits on spaces)"
+            )
         if norm_steps:
             raise TokenizerError(f"{path}: normalizer {norm_steps[0].get('type')!r} is not applied by llama.cpp")
         return pre.get("prepend_scheme", "always") != "never"
@@ -90,7 +94,8 @@ def load_sentencepiece_json_vocabulary(path: Path, tokenizer_json: dict[str, Any
 
     for item in sorted(tokenizer_json.get("added_tokens") or [], key=lambda t: int(t["id"])):
         token_id, text = int(item["id"]), item["content"]
-        if token_id < len(vocab) and vocab.tokens[token_id] == text and vocab.types[token_id] in (TokenType.UNKNOWN, TokenType.BYTE):
+        restated = token_id < len(vocab) and vocab.tokens[token_id] == text
+        if restated and vocab.types[token_id] in (TokenType.UNKNOWN, TokenType.BYTE):
             continue
         token_type = added_token_type(text, bool(item.get("special")))
         if token_type == TokenType.USER_DEFINED:

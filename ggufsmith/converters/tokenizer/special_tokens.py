@@ -142,7 +142,8 @@ def add_special_tokens_metadata(
     bos_text = vocab.tokens[ids["bos"]] if "bos" in ids else None
     eos_text = vocab.tokens[ids["eos"]] if "eos" in ids else None
     from_post_processor = post_processor_adds(post_processor, bos_text, eos_text)
-    for role, key, default in (("bos", Keys.Tokenizer.ADD_BOS, default_add_bos), ("eos", Keys.Tokenizer.ADD_EOS, default_add_eos)):
+    add_keys = (("bos", Keys.Tokenizer.ADD_BOS, default_add_bos), ("eos", Keys.Tokenizer.ADD_EOS, default_add_eos))
+    for role, key, default in add_keys:
         configured = files.tokenizer_config.get(f"add_{role}_token")
         if role in from_post_processor:
             # transformers (v5) runs tokenizer.json's post_processor as is and ignores add_<role>_token.

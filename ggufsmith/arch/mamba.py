@@ -1,0 +1,98 @@
+"""Mamba (MambaForCausalLM): a stack of selective state-space blocks, no attention.
+
+Layout changes, all dictated by llama.cpp's mamba graph:
+  * A is stored as A_log in HF; llama.cpp's ssm_scan takes A itself, so ssm_a = -exp(A_log).
+  * the depthwise conv1d weight is (d_inner, 1, d_conv) in torch; ggml wants {d_conv, d_inner},
+    i.e. numpy (d_inner, d_conv): the singleton channel axis is dropped.
+ssm_conv and ssm_scan read their inputs as plain float arrays, so the conv weight, A and D stay F32
+whatever the output type.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.constants import Keys
+from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.errors import ConversionError
+from ggufsmith.gguf_writer.metadata import Metadata
+
+# HF Mamba configs carry no training context; llama.cpp's converter writes this same arbitrary
+# large value, and a recurrent model is not limited by it.
+MAMBA_CONTEXT_LENGTH = 2**20
+
+
+class Mamba(Architecture):
+    name = "mamba"
+    hf_classes = ("MambaForCausalLM",)
+    model_types = ("mamba",)
+    tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
+    tensor_names = {
+        "backbone.embeddings.weight": "token_embd.weight",
+        "backbone.norm_f.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+        "backbone.layers.{bid}.norm.weight": "blk.{bid}.attn_norm.weight",
+        "backbone.layers.{bid}.mixer.in_proj.weight": "blk.{bid}.ssm_in.weight",
+        "backbone.layers.{bid}.mixer.conv1d.weight": "blk.{bid}.ssm_conv1d.weight",
+        "backbone.layers.{bid}.mixer.conv1d.bias": "blk.{bid}.ssm_conv1d.bias",
+        "backbone.layers.{bid}.mixer.x_proj.weight": "blk.{bid}.ssm_x.weight",
+        "backbone.layers.{bid}.mixer.dt_proj.weight": "blk.{bid}.ssm_dt.weight",
+        "backbone.layers.{bid}.mixer.dt_proj.bias": "blk.{bid}.ssm_dt.bias",
+        # llama.cpp names these two without a ".weight" suffix
+        "backbone.layers.{bid}.mixer.A_log": "blk.{bid}.ssm_a",
+        "backbone.layers.{bid}.mixer.D": "blk.{bid}.ssm_d",
+        "backbone.layers.{bid}.mixer.out_proj.weight": "blk.{bid}.ssm_out.weight",
+    }
+    f32_tensors = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        if config.get("tie_word_embeddings", default=True):
+            # A tied lm_head is the embedding; llama.cpp reuses token_embd when output is absent.
+            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
+
+    def metadata(self) -> Metadata:
+        c = self.config
+        d_model = c.get("hidden_size", "d_model")
+        d_inner = c.get("intermediate_size", "d_inner", default=None)
+        if d_inner is None:
+            d_inner = c.get("expand", default=2) * d_model
+        if d_inner != 2 * d_model:
+            raise ConversionError(
+                f"{c.path}: intermediate_size {d_inner} is not 2 x hidden_size {d_model}; "
+                "llama.cpp's mamba supports only an expansion factor of 2"
+            )
+        dt_rank = c.get("time_step_rank", "dt_rank", default="auto")
+        if dt_rank == "auto":
+            dt_rank = -(-d_model // 16)  # mamba's own default: ceil(d_model / 16)
+        if c.get("use_bias", default=False):
+            raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba has no in/out projection biases")
+        if not c.get("use_conv_bias", default=True):
+            raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba requires the conv1d bias")
+
+        m = Metadata()
+        keys = ArchKeys(m, self.name)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
+        keys.u32(Keys.LLM.EMBEDDING_LENGTH, d_model)
+        # No feed-forward and no attention; llama.cpp's converter writes zeros and so do we.
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
+        keys.u32(Keys.Attention.HEAD_COUNT, 0)
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("num_hidden_layers", "n_layer"))
+        keys.u32(Keys.SSM.CONV_KERNEL, c.get("conv_kernel", "d_conv", default=4))
+        keys.u32(Keys.SSM.INNER_SIZE, d_inner)
+        keys.u32(Keys.SSM.STATE_SIZE, c.get("state_size", "d_state", default=16))
+        keys.u32(Keys.SSM.TIME_STEP_RANK, dt_rank)
+        keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get("layer_norm_epsilon", "rms_norm_eps", default=1e-5))
+        # Plain Mamba normalizes neither dt nor B, C (falcon-mamba does; not claimed here).
+        keys.bool(Keys.SSM.DT_B_C_RMS, False)
+        return m
+
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        if name.endswith(".ssm_a"):
+            # exp in float64, rounded once: the correctly rounded A, whatever libm float32 exp does
+            return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
+        if name.endswith(".ssm_conv1d.weight"):
+            d_inner, _, d_conv = tensor.shape
+            return tensor.reshape(d_inner, d_conv)
+        return tensor

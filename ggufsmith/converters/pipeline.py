@@ -1,0 +1,183 @@
+"""Checkpoint folder -> GGUF file: read, pick the plugin, plan, transform, quantize, stream.
+
+Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
+large ones in slices of rows, and at most IN_FLIGHT slices are being converted while the previous
+one is written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
+writing in the calling thread, so two cores are busy. The output appears only when complete:
+the writer renames its temporary file at the end and deletes it on any error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import chain, groupby
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ggufsmith.arch.base import Architecture
+from ggufsmith.arch.registry import find_architecture, get_architecture
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
+from ggufsmith.converters.checkpoint import Checkpoint, open_checkpoint
+from ggufsmith.converters.general_metadata import count_parameters, general_metadata
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, outtype_of, plan_tensor
+from ggufsmith.converters.safetensors import RowSlicedTensor
+from ggufsmith.errors import ConversionError, GgufsmithError
+from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.writer import GGUFWriter
+from ggufsmith.quantize import quantize
+
+# A slice of a large tensor holds about this many elements (16 MiB as float32).
+SLICE_ELEMENTS = 1 << 22
+# Slices being converted at once, besides the one being written.
+IN_FLIGHT = 2
+WORKERS = 2
+
+
+def resolve_architecture(checkpoint: Checkpoint, arch: str | type[Architecture] | None) -> Architecture:
+    """The plugin named by `arch` (a registry name or a plugin class), else the one config.json asks for."""
+    if arch is None:
+        plugin_class = find_architecture(checkpoint.config)
+    elif isinstance(arch, str):
+        plugin_class = get_architecture(arch)
+    else:
+        plugin_class = arch
+    return plugin_class(checkpoint.config)
+
+
+def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None) -> Metadata:
+    """All tokenizer.* keys, from the tokenizer exporter."""
+    from ggufsmith.converters.tokenizer import export_tokenizer
+
+    return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind)
+
+
+def make_plan(
+    checkpoint: Checkpoint,
+    outtype: str = "f16",
+    arch: str | type[Architecture] | None = None,
+    *,
+    model_name: str | None = None,
+    with_tokenizer: bool = True,
+) -> ConversionPlan:
+    """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet."""
+    target, file_type = outtype_of(outtype)
+    plugin = resolve_architecture(checkpoint, arch)
+    mapped = plugin.map_tensors(checkpoint.tensors)
+    planned = [plan_tensor(m.name, m.sources, m.tensor, target, plugin) for m in mapped]
+
+    params = count_parameters([(t.name, t.shape) for t in planned])
+    metadata = Metadata()
+    metadata.add_string(Keys.General.ARCHITECTURE, plugin.name)
+    metadata.update(general_metadata(checkpoint.model_dir, checkpoint.config.values, params, model_name))
+    metadata.update(plugin.metadata())
+    metadata.add_uint32(Keys.General.FILE_TYPE, int(file_type))
+    metadata.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANTIZATION_VERSION)
+    if with_tokenizer:
+        metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind))
+    return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
+
+
+def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | None:
+    size = checkpoint.config.get("vocab_size", "n_vocab", default=None)
+    if size is None:
+        embd = next((t for t in planned if t.name == "token_embd.weight"), None)
+        size = embd.shape[0] if embd is not None else None
+    return size
+
+
+# -- execution ---------------------------------------------------------------------------------
+
+def _work_units(t: PlannedTensor) -> Iterator[Callable[[], np.ndarray]]:
+    """Functions each giving the next piece of the tensor's GGUF bytes, in order."""
+    tensor = t.tensor
+    if isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
+        row_length = tensor.shape[-1]
+        step = max(1, SLICE_ELEMENTS // row_length)
+        for start in range(0, tensor.n_rows, step):
+            stop = min(start + step, tensor.n_rows)
+            yield lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))
+    else:
+        yield lambda: _encode(t, tensor.load)
+
+
+def _encode(t: PlannedTensor, load: Callable[[], np.ndarray]) -> np.ndarray:
+    try:
+        data = load()
+        if data.size and not np.issubdtype(data.dtype, np.floating):
+            data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
+        return quantize(data, t.ggml_type)
+    except GgufsmithError as e:
+        raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
+
+
+def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:
+    """Load, transform, quantize and write every planned tensor. Returns the written path."""
+    from tqdm import tqdm
+
+    dst = Path(dst)
+    bar = tqdm(total=plan.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+               disable=not progress, desc=dst.name, dynamic_ncols=True)
+    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ggufsmith-convert")
+    try:
+        with GGUFWriter(dst, plan.metadata) as writer:
+            for t in plan.tensors:
+                writer.add_tensor(t.name, t.shape, t.ggml_type)
+            converted = _converted_in_order(plan.tensors, pool)
+            for _, pieces in groupby(converted, key=lambda item: id(item[0])):
+                t, first = next(pieces)
+                writer.write_tensor_pieces(t.name, _counted(bar, first, (piece for _, piece in pieces)))
+        return dst
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+
+
+def _counted(bar, first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+    for piece in chain((first,), rest):
+        yield piece
+        bar.update(piece.nbytes)
+
+
+def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
+    """(tensor, bytes of its next piece) in file order, with up to IN_FLIGHT pieces converting ahead."""
+    pending: deque[tuple[PlannedTensor, Future]] = deque()
+    for t in tensors:
+        for unit in _work_units(t):
+            pending.append((t, pool.submit(unit)))
+            if len(pending) > IN_FLIGHT:
+                done, future = pending.popleft()
+                yield done, future.result()
+    while pending:
+        done, future = pending.popleft()
+        yield done, future.result()
+
+
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    outtype: str = "f16",
+    arch: str | type[Architecture] | None = None,
+    *,
+    dry_run: bool = False,
+    progress: bool = False,
+    model_name: str | None = None,
+    with_tokenizer: bool = True,
+) -> ConversionPlan:
+    """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
+
+    `outtype` is one of plan.OUTTYPES; `arch` a registered architecture name (default: chosen
+    from config.json). With `dry_run` nothing is written. `dst` appears only once complete.
+    """
+    dst = Path(dst)
+    if dst.is_dir():
+        raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
+    outtype_of(outtype)  # reject a bad type before opening anything
+    with open_checkpoint(src) as checkpoint:
+        plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        if not dry_run:
+            write_plan(plan, dst, progress=progress)
+    return plan

@@ -1,0 +1,153 @@
+"""Deciding, before anything is written, each output tensor's GGUF type and size.
+
+The rules follow llama.cpp so that its loader and kernels get what they expect:
+- 1-D tensors (norms, biases), "*_norm.weight", tensors whose name does not end in ".weight", and
+  the tensors llama.cpp always keeps F32 (MoE routers, position embeddings, conv kernels of SSMs,
+  RWKV mixing weights, ...) stay F32, as convert_hf_to_gguf.py keeps them;
+- every other tensor gets the requested output type;
+- when a tensor's rows are not a whole number of the type's blocks, it falls back the way
+  llama.cpp does: a k-quant to the 32-block type llama-quantize picks for it (Q2_K/Q3_K -> Q4_0,
+  Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and, when even 32 does not divide the rows, F16, as
+  convert_hf_to_gguf.py does for Q8_0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ggufsmith.arch.base import Architecture
+from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType
+from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.errors import ConversionError
+from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.writer import tensor_data_size
+
+# --outtype -> (tensor type of the weights, general.file_type)
+OUTTYPES: dict[str, tuple[GGMLType, FileType]] = {
+    "f32": (GGMLType.F32, FileType.ALL_F32),
+    "f16": (GGMLType.F16, FileType.MOSTLY_F16),
+    "bf16": (GGMLType.BF16, FileType.MOSTLY_BF16),
+    "q8_0": (GGMLType.Q8_0, FileType.MOSTLY_Q8_0),
+    "q4_0": (GGMLType.Q4_0, FileType.MOSTLY_Q4_0),
+    "q4_1": (GGMLType.Q4_1, FileType.MOSTLY_Q4_1),
+    "q5_0": (GGMLType.Q5_0, FileType.MOSTLY_Q5_0),
+    "q5_1": (GGMLType.Q5_1, FileType.MOSTLY_Q5_1),
+    "q2_k": (GGMLType.Q2_K, FileType.MOSTLY_Q2_K),
+    # llama.cpp has no file type for "all Q3_K/Q4_K/Q5_K"; its _S mixes are the closest
+    # (mostly that type), and the file type is only a label: loaders read each tensor's type.
+    "q3_k": (GGMLType.Q3_K, FileType.MOSTLY_Q3_K_S),
+    "q4_k": (GGMLType.Q4_K, FileType.MOSTLY_Q4_K_S),
+    "q5_k": (GGMLType.Q5_K, FileType.MOSTLY_Q5_K_S),
+    "q6_k": (GGMLType.Q6_K, FileType.MOSTLY_Q6_K),
+}
+
+# llama-quantize's replacement for a 256-block type whose blocks do not fit a tensor's rows.
+_KQUANT_FALLBACK = {
+    GGMLType.Q2_K: GGMLType.Q4_0,
+    GGMLType.Q3_K: GGMLType.Q4_0,
+    GGMLType.Q4_K: GGMLType.Q5_0,
+    GGMLType.Q5_K: GGMLType.Q5_1,
+    GGMLType.Q6_K: GGMLType.Q8_0,
+}
+
+# GGUF tensors llama.cpp's converter keeps F32 whatever the output type (its list of tensor kinds
+# that "are always in float32"), as name patterns; plugins may add more with `f32_tensors`.
+ALWAYS_F32 = tuple(
+    re.compile(p)
+    for p in (
+        r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight",
+        r"(v\.|a\.)?position_embd\.weight",
+        r"token_types\.weight",
+        r"blk\.\d+\.ssm_conv1d(_[qkv])?\.weight",
+        r"blk\.\d+\.shortconv\.conv\.weight",
+        r"blk\.\d+\.time_mix_(first|w1|w2|decay_w1|decay_w2|lerp_fused)\.weight",
+        r"posnet\.\d+\.norm[12]\.weight",
+        r"blk\.\d+\.altup_(correct|predict)_coef\.weight",
+        r"blk\.\d+\.indexer\.proj\.weight",
+    )
+)
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str  # GGUF name
+    sources: tuple[str, ...]  # HF tensor names it is made from
+    shape: tuple[int, ...]  # numpy order (rows last), as in the checkpoint
+    source_dtype: str
+    ggml_type: GGMLType
+    nbytes: int
+    note: str  # why the type differs from the output type ("" when it does not)
+    tensor: LazyTensor
+
+
+@dataclass
+class ConversionPlan:
+    architecture: Architecture
+    outtype: str
+    file_type: FileType
+    metadata: Metadata
+    tensors: list[PlannedTensor]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def fallbacks(self) -> list[PlannedTensor]:
+        return [t for t in self.tensors if t.note.startswith("fallback")]
+
+    def describe(self) -> str:
+        """The plan as a table: source name(s), GGUF name, shape, type, bytes, note."""
+        rows = [("source", "gguf name", "shape", "type", "bytes", "note")]
+        for t in self.tensors:
+            if not t.sources:
+                source = "(computed from config)"
+            else:
+                source = t.sources[0] if len(t.sources) == 1 else f"{t.sources[0]} (+{len(t.sources) - 1})"
+            rows.append((source, t.name, "x".join(map(str, t.shape)), t.ggml_type.name, str(t.nbytes), t.note))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [
+            "  ".join(cell.ljust(w) if i != 4 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r[:5], widths))) + (f"  {r[5]}" if r[5] else "")
+            for r in rows
+        ]
+        lines.append(
+            f"{len(self.tensors)} tensors, {self.total_bytes} bytes of tensor data, "
+            f"architecture {self.architecture.name}, outtype {self.outtype}, {len(self.metadata)} metadata keys"
+            + (f", {len(self.fallbacks)} fallback(s)" if self.fallbacks else "")
+        )
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def outtype_of(name: str) -> tuple[GGMLType, FileType]:
+    try:
+        return OUTTYPES[name.lower()]
+    except KeyError:
+        raise ConversionError(f"unknown output type {name!r}; choose one of: {', '.join(OUTTYPES)}") from None
+
+
+def choose_type(name: str, shape: tuple[int, ...], target: GGMLType, plugin: Architecture) -> tuple[GGMLType, str]:
+    """The GGUF type of one output tensor and, when it is not `target`, why."""
+    if len(shape) <= 1:
+        return GGMLType.F32, "" if target == GGMLType.F32 else "1-D: kept F32"
+    if name.endswith("_norm.weight"):
+        return GGMLType.F32, "" if target == GGMLType.F32 else "norm: kept F32"
+    if plugin.keep_f32(name) or any(p.fullmatch(name) for p in ALWAYS_F32) or not name.endswith(".weight"):
+        return GGMLType.F32, "" if target == GGMLType.F32 else "kept F32 as llama.cpp expects"
+    row_length = shape[-1]
+    chosen = target
+    if row_length % GGML_TYPE_LAYOUT[chosen].block_size:
+        chosen = _KQUANT_FALLBACK.get(chosen, GGMLType.F16)
+        if row_length % GGML_TYPE_LAYOUT[chosen].block_size:
+            chosen = GGMLType.F16
+        block = GGML_TYPE_LAYOUT[target].block_size
+        return chosen, f"fallback {target.name} -> {chosen.name}: rows of {row_length} are not a multiple of {block}"
+    return chosen, ""
+
+
+def plan_tensor(name: str, sources: tuple[str, ...], tensor: LazyTensor, target: GGMLType, plugin: Architecture) -> PlannedTensor:
+    if not 1 <= len(tensor.shape) <= 4:
+        raise ConversionError(f"{name} ({tensor.source}): {len(tensor.shape)} dimensions; GGUF allows 1 to 4")
+    ggml_type, note = choose_type(name, tensor.shape, target, plugin)
+    nbytes = tensor_data_size(name, tensor.shape, ggml_type)
+    return PlannedTensor(name, sources, tensor.shape, tensor.dtype, ggml_type, nbytes, note, tensor)

@@ -1,0 +1,90 @@
+"""llama.cpp's own converter (convert_hf_to_gguf.py) as a reference to compare ggufsmith with.
+
+The script, its `conversion` package and its `gguf-py` come from the llama-cpp-python sdist of the
+version the tests pin (the llama.cpp whose loader the tests also run), fetched once with pip and
+cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
+(environment variable CI set) that is a failure, so a broken fetch cannot silently disable them.
+
+    from tests.llamacpp_reference import run_reference_converter
+    run_reference_converter(model_dir, out_path, "f16")
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+_SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+# What the converter needs from the sdist: the script, its model classes and its gguf package.
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+def cache_root() -> Path:
+    root = os.environ.get("GGUFSMITH_TEST_CACHE") or Path.home() / ".cache" / "ggufsmith-tests"
+    return Path(root)
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"llama.cpp reference converter unavailable in CI: {reason}")
+    pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
+
+
+def reference_dir() -> Path:
+    """The folder holding convert_hf_to_gguf.py, conversion/ and gguf-py/ (fetched on first use)."""
+    target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    if (target / "convert_hf_to_gguf.py").is_file():
+        return target
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", tmp],
+            capture_output=True, text=True, timeout=900,
+        )
+        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if download.returncode != 0 or not sdists:
+            _unavailable(f"pip download failed: {download.stderr.strip().splitlines()[-1:]}")
+        staging = Path(tmp) / "extracted"
+        with tarfile.open(sdists[0]) as tar:
+            for member in tar.getmembers():
+                if not member.name.startswith(_SDIST_PREFIX):
+                    continue
+                relative = member.name[len(_SDIST_PREFIX):]
+                if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
+                    member.name = relative
+                    tar.extract(member, staging, filter="data")
+        if not (staging / "convert_hf_to_gguf.py").is_file():
+            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}convert_hf_to_gguf.py")
+        try:
+            staging.rename(target)  # atomic: a concurrent test worker may have won the race
+        except OSError:
+            if not (target / "convert_hf_to_gguf.py").is_file():
+                raise
+    return target
+
+
+def reference_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(reference_dir() / "gguf-py")
+    env.pop("NO_LOCAL_GGUF", None)
+    return env
+
+
+def run_reference_converter(model_dir: Path, outfile: Path, outtype: str, *extra: str, timeout: float = 1800) -> Path:
+    """Run convert_hf_to_gguf.py on `model_dir`; returns `outfile`. Fails the test with its stderr tail."""
+    script = reference_dir() / "convert_hf_to_gguf.py"
+    cmd = [sys.executable, str(script), str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env(), timeout=timeout)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise AssertionError(f"convert_hf_to_gguf.py failed ({proc.returncode}) on {model_dir}:\n{tail}")
+    return Path(outfile)
+
