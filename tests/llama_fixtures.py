@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.llama_models import build_model, reference_convert, tokenizer_vocab_size, with_tokenizer
+from tests.llama_models import build_model, tokenizer_vocab_size, with_tokenizer
+from tests.llamacpp_reference import run_reference_converter
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 # Llama 3 style: a byte-level BPE tokenizer.json; the others a SentencePiece tokenizer.model (llama 2).
@@ -73,7 +74,7 @@ def reference(model_dirs, tokenizer_dirs, tmp_path_factory):
         if variant in BPE_VARIANTS:
             model_dir = _once(("sp-copy", variant), lambda: _with_weights(
                 with_tokenizer(tmp_path_factory.mktemp(f"{variant}-sp"), tokenizer_dirs["sp"]), model_dirs(variant)))
-        return reference_convert(model_dir, model_dir / f"reference-{outtype}.gguf", outtype)
+        return run_reference_converter(model_dir, model_dir / f"reference-{outtype}.gguf", outtype)
 
     return lambda variant, outtype: _once(("reference", variant, outtype), lambda: make(variant, outtype))
 

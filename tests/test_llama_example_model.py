@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.llama_models import reference_convert
+from tests.llamacpp_reference import run_reference_converter
 from tests.test_llama_convert import TOLERANCE, assert_same_file, llamacpp_logits, relative_error, transformers_logits
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_readme_command_gives_a_file_llamacpp_runs_like_transformers(example_f16
 
 def test_example_f16_is_the_same_file_as_llamacpp_converters(example_f16, tmp_path):
     # From a bf16 checkpoint, as most published ones are.
-    assert_same_file(example_f16, reference_convert(EXAMPLE, tmp_path / "reference-f16.gguf", "f16"))
+    assert_same_file(example_f16, run_reference_converter(EXAMPLE, tmp_path / "reference-f16.gguf", "f16"))
 
 
 def test_example_tokenizes_in_llamacpp_like_transformers(example_f16):

@@ -77,7 +77,7 @@ def test_old_config_layout_gives_the_same_keys(model_dirs, tmp_path):
 
     import gguf
 
-    from tests.llama_models import reference_convert
+    from tests.llamacpp_reference import run_reference_converter
 
     source = model_dirs("llama_rope_linear")
     for f in source.iterdir():
@@ -90,7 +90,7 @@ def test_old_config_layout_gives_the_same_keys(model_dirs, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
 
     ours = find_architecture(HFConfig.from_dir(tmp_path))(HFConfig.from_dir(tmp_path)).metadata()
-    reader = gguf.GGUFReader(reference_convert(tmp_path, tmp_path / "reference.gguf", "f32"))
+    reader = gguf.GGUFReader(run_reference_converter(tmp_path, tmp_path / "reference.gguf", "f32"))
     theirs = {name: field.contents() for name, field in reader.fields.items() if name.startswith("llama.")}
     assert {k: v.plain() for k, v in ours.items()} == pytest.approx(theirs)
     assert theirs["llama.rope.scaling.type"] == "linear"
