@@ -16,12 +16,11 @@ import json
 import mmap
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.converters.lazy_tensor import RowSlicedTensor
 from ggufsmith.errors import ConversionError
 
 # safetensors dtype name -> numpy dtype of its stored bytes (little-endian).
@@ -48,31 +47,6 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     out = np.empty(bits.shape, dtype=np.uint32)
     np.left_shift(bits, 16, out=out, dtype=np.uint32)
     return out.view(np.float32)
-
-
-@dataclass(frozen=True)
-class RowSlicedTensor(LazyTensor):
-    """A LazyTensor that can also load a range of its rows (rows along the last axis, as ggml).
-
-    The pipeline streams large tensors through the quantizer in slices of rows so that no more
-    than a slice is ever in memory. Any transform (`map`, `reshape`...) gives a plain LazyTensor,
-    which is loaded whole.
-    """
-
-    rows_loader: object = None  # Callable[[int, int], np.ndarray] returning rows [start, stop)
-    # The same rows as stored, without widening: bf16 as uint16 bit patterns. Lets the pipeline
-    # turn bf16 into f16 with integer operations instead of a float32 detour.
-    stored_rows_loader: object = None
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_elements // self.shape[-1] if self.shape and self.shape[-1] else 0
-
-    def load_rows(self, start: int, stop: int) -> np.ndarray:
-        return self.rows_loader(start, stop)
-
-    def load_stored_rows(self, start: int, stop: int) -> np.ndarray:
-        return self.stored_rows_loader(start, stop)
 
 
 class SafetensorsFile:
