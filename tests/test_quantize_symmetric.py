@@ -15,8 +15,9 @@ from hypothesis.extra import numpy as hnp
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import dequantize, get_format, quantize, search_symmetric
+from ggufsmith.quantize import dequantize, get_format, numerics, quantize, search_symmetric
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+from tests.quant_checks import assert_same_bytes, assert_same_floats, check_against_ggml
 from tests.quant_data import importance_vectors, model_weight_rows, quant_cases
 
 LEGACY = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0]
@@ -31,42 +32,6 @@ ROW_LENGTHS = {GGMLType.Q8_0: (32, 64, 4096), GGMLType.Q4_0: (32, 64, 4096), GGM
 
 def _n_rows(row_length: int) -> int:
     return max(8, 64 * 1024 // row_length)
-
-
-def assert_same_bytes(ours: np.ndarray, expected: np.ndarray, ggml_type: GGMLType, what: str) -> None:
-    fmt = get_format(ggml_type)
-    ours = ours.reshape(expected.shape)
-    if np.array_equal(ours, expected):
-        return
-    row, byte = np.argwhere(ours != expected)[0]
-    block = byte // fmt.type_size
-    n_bad = int((ours != expected).sum())
-    raise AssertionError(
-        f"{ggml_type.name} {what}: {n_bad} bytes differ from ggml; first in row {row}, block {block}, "
-        f"byte {byte % fmt.type_size} of the block: ours {ours[row, byte]:#04x}, ggml {expected[row, byte]:#04x}"
-    )
-
-
-def assert_same_floats(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
-    """Bit equality of float32 arrays (so -0.0 vs 0.0 and NaN payloads count)."""
-    ours_bits = np.ascontiguousarray(ours, dtype=np.float32).reshape(-1).view(np.uint32)
-    expected_bits = np.ascontiguousarray(expected, dtype=np.float32).reshape(-1).view(np.uint32)
-    if np.array_equal(ours_bits, expected_bits):
-        return
-    i = int(np.argwhere(ours_bits != expected_bits)[0][0])
-    raise AssertionError(
-        f"{what}: {(ours_bits != expected_bits).sum()} values differ; first at flat index {i}: "
-        f"ours {ours_bits[i]:#010x} ({ours_bits.view(np.float32)[i]!r}), "
-        f"ggml {expected_bits[i]:#010x} ({expected_bits.view(np.float32)[i]!r})"
-    )
-
-
-def check_against_ggml(rows: np.ndarray, ggml_type: GGMLType, importance: np.ndarray | None, what: str) -> None:
-    expected = ggml_quantize(rows, int(ggml_type), importance)
-    ours = quantize(rows, ggml_type, importance)
-    assert_same_bytes(ours, expected, ggml_type, what)
-    decoded = dequantize(expected, ggml_type, rows.shape)
-    assert_same_floats(decoded, ggml_dequantize(expected, int(ggml_type), rows.size), f"{ggml_type.name} {what} dequantize")
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -141,7 +106,7 @@ def test_ordered_sum_adds_in_c_order_for_any_group_count(n):
             expected = np.zeros(n_groups, np.float32)
             for row in terms:
                 expected = (expected + row).astype(np.float32)
-            assert_same_floats(search_symmetric.ordered_sum(terms), expected, f"{n} x {n_groups} sum")
+            assert_same_floats(numerics.sum_from_zero(terms), expected, f"{n} x {n_groups} sum")
 
 
 _finite_rows = hnp.arrays(

@@ -24,34 +24,29 @@ import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_affine import (
+from ggufsmith.quantize.numerics import (
     F32,
-    float_exceptions_expected,
+    float_warnings_off,
     fp16_bits,
     fp16_value,
-    make_qkx_quants,
-    make_qp_quants,
+    importance_by_position,
     nearest_int,
     nearest_int_clipped,
-    seq_sum,
+    position_major,
+    sum_from_first,
     transposed,
 )
-
-
-def _position_major(rows: np.ndarray, sub: int) -> np.ndarray:
-    """x[i, s]: element i of sub-block s, sub-blocks numbered in memory order over all rows."""
-    return transposed(rows.reshape(-1, sub))
+from ggufsmith.quantize.search_affine import make_qkx_quants, make_qp_quants
 
 
 def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, sigma_factor: int) -> np.ndarray:
     """importance * sqrt(sigma2 + x^2) for x in position-major layout, sigma2 being sigma_factor
     times the mean square of the super-block."""
     sub = x.shape[0]
-    xs = _position_major(rows, QK_K)  # [256, n_super]
-    sigma2 = F32(sigma_factor) * seq_sum(xs * xs) / F32(QK_K)
+    xs = position_major(rows, QK_K)  # [256, n_super]
+    sigma2 = F32(sigma_factor) * sum_from_first(xs * xs) / F32(QK_K)
     s2 = np.repeat(sigma2, QK_K // sub)[None, :]
-    # column r * blocks_per_row + b of x is block b of row r, which uses importance[b*sub : (b+1)*sub]
-    qw = np.tile(transposed(importance.reshape(-1, sub)), (1, rows.shape[0]))
+    qw = importance_by_position(importance, sub, rows.shape[0])
     return qw * np.sqrt(s2 + x * x)
 
 
@@ -97,9 +92,9 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
     Returns (d bits, dmin bits, 12 scale bytes, levels uint8[n_super, 256]).
     """
     n_super = rows.size // QK_K
-    x = _position_major(rows, 32)  # [32, n_super * 8]
+    x = position_major(rows, 32)  # [32, n_super * 8]
     if importance is None:
-        sum_x2 = seq_sum(x * x)
+        sum_x2 = sum_from_first(x * x)
         av_x = np.sqrt(sum_x2 / F32(32))
         weights = av_x + np.abs(x)
         scales, mins, levels = make_qkx_quants(x, weights, nmax, rmin, 0.1, nstep, False)
@@ -116,7 +111,7 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
         dmin_bits = fp16_bits(max_min / F32(63))
     else:
         weights = _imatrix_weights(rows, x, importance, 2)
-        sum_w = seq_sum(weights).reshape(n_super, 8).T
+        sum_w = sum_from_first(weights).reshape(n_super, 8).T
         scales, mins, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
         d_block, ls = make_qp_quants(scales.reshape(n_super, 8).T, 63, sum_w)
         m_block, lm = make_qp_quants(mins.reshape(n_super, 8).T, 63, sum_w)
@@ -141,7 +136,7 @@ def _header(d_bits: np.ndarray, dmin_bits: np.ndarray) -> np.ndarray:
     return np.stack([d_bits, dmin_bits], axis=1).astype("<u2").view(np.uint8)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 15, -1.0, 20)
     halves = levels.reshape(-1, 4, 2, 32)  # 64-weight groups: first 32 low nibbles, next 32 high
@@ -150,7 +145,7 @@ def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q5_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 31, -0.5, 15)
     halves = levels.reshape(-1, 4, 2, 32)
@@ -173,7 +168,7 @@ def _dequantize_k4(d_bits, dmin_bits, scales, levels, shape) -> np.ndarray:
     return values.reshape(shape)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 144)
     header = blocks[:, :4].copy().view("<u2")
@@ -182,7 +177,7 @@ def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return _dequantize_k4(header[:, 0], header[:, 1], blocks[:, 4:16], levels, (data.shape[0], row_length))
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 176)
     header = blocks[:, :4].copy().view("<u2")
@@ -197,10 +192,10 @@ def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
 # ---------------------------------------------------------------- Q2_K (16 x 16)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_super = rows.size // QK_K
-    x = _position_major(rows, 16)  # [16, n_super * 16]
+    x = position_major(rows, 16)  # [16, n_super * 16]
     if importance is None:
         scales, mins, levels = make_qkx_quants(x, np.abs(x), 3, -0.5, 0.1, 15, True)
         scales = scales.reshape(n_super, 16)
@@ -216,7 +211,7 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
         dmin_bits = fp16_bits(max_min / F32(15))
     else:
         weights = _imatrix_weights(rows, x, importance, 1)
-        sum_w = seq_sum(weights).reshape(n_super, 16).T
+        sum_w = sum_from_first(weights).reshape(n_super, 16).T
         scales, mins, levels = make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, False)
         d_block, ls = make_qp_quants(scales.reshape(n_super, 16).T, 15, sum_w)
         m_block, lm = make_qp_quants(mins.reshape(n_super, 16).T, 15, sum_w)
@@ -236,7 +231,7 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 84)
     scales = blocks[:, :16]

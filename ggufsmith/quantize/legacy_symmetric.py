@@ -15,7 +15,8 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_symmetric import from_position_major, ieee_quiet, make_qx_quants, to_position_major
+from ggufsmith.quantize.numerics import float_warnings_off, position_major, transposed
+from ggufsmith.quantize.search_symmetric import make_qx_quants
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -80,7 +81,7 @@ def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
 # --- Q8_0: int8 values, d = amax / 127 -----------------------------------------------------------
 
 
-@ieee_quiet
+@float_warnings_off
 def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_rows = rows.shape[0]
     blocks = rows.reshape(-1, BLOCK)
@@ -95,7 +96,7 @@ def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(n_rows, -1)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q8_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + BLOCK)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)
@@ -126,10 +127,10 @@ def _levels_ref(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 def _levels_weighted(rows: np.ndarray, importance: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q{4,5}_0_impl with quant_weights: make_qx_quants per block."""
     weights = _row_weights(rows, importance)
-    x = to_position_major(rows.reshape(-1, BLOCK))
-    w = to_position_major(weights.reshape(-1, BLOCK))
+    x = position_major(rows, BLOCK)
+    w = position_major(weights, BLOCK)
     d, levels = make_qx_quants(x, 1 << (bits - 1), w)
-    return d, from_position_major(levels)
+    return d, transposed(levels)
 
 
 def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,7 +139,7 @@ def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple
     return _levels_weighted(rows, importance, bits)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 4)
     out = np.empty((levels.shape[0], 2 + HALF), dtype=np.uint8)
@@ -148,7 +149,7 @@ def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q5_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 5)
     out = np.empty((levels.shape[0], 2 + 4 + HALF), dtype=np.uint8)
@@ -165,7 +166,7 @@ def _signed_values(levels: np.ndarray, d: np.ndarray, offset: int, n_rows: int, 
     return values.reshape(n_rows, row_length)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]
@@ -174,7 +175,7 @@ def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return _signed_values(levels, d, 8, data.shape[0], row_length)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q5_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + 4 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]
