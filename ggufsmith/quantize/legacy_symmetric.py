@@ -153,24 +153,46 @@ def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple
     return _levels_weighted(rows, importance, bits)
 
 
+# Levels are packed eight bytes at a time through uint64 views: no level has bits above its width,
+# so shifts never carry into the neighbouring byte.
+_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_LOW_BITS = np.uint64(0x0101010101010101)
+# Multiplying eight 0/1 bytes by this gathers them into the top byte, byte i as bit i.
+_GATHER_BITS = np.uint64(0x0102040810204080)
+
+
+def _pack_nibbles(levels: np.ndarray, out: np.ndarray) -> None:
+    """out[:, j] = (levels[:, j] & 15) | (levels[:, j + 16] & 15) << 4 for levels uint8[blocks, 32]."""
+    words = levels.view(np.uint64)  # [blocks, 4]
+    packed = words[:, 2:] & _LOW_NIBBLES
+    packed <<= np.uint64(4)
+    packed |= words[:, :2] & _LOW_NIBBLES
+    out[...] = packed.view(np.uint8)
+
+
 @float_warnings_off
 def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 4)
     out = np.empty((levels.shape[0], 2 + HALF), dtype=np.uint8)
     out[:, :2] = _scale_bytes(d)
-    levels[:, HALF:] <<= 4
-    np.bitwise_or(levels[:, :HALF], levels[:, HALF:], out=out[:, 2:])
+    _pack_nibbles(np.ascontiguousarray(levels), out[:, 2:])
     return out.reshape(rows.shape[0], -1)
 
 
 @float_warnings_off
 def _q5_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 5)
+    levels = np.ascontiguousarray(levels)
     out = np.empty((levels.shape[0], 2 + 4 + HALF), dtype=np.uint8)
     out[:, :2] = _scale_bytes(d)
-    # qh: bit j of the little-endian uint32 is the 5th bit of value j.
-    out[:, 2:6] = np.packbits(levels >> 4, axis=1, bitorder="little")
-    out[:, 6:] = (levels[:, :HALF] & 0x0F) | ((levels[:, HALF:] & 0x0F) << 4)
+    # qh: bit j of the little-endian uint32 is the 5th bit of value j, so byte k gathers the 5th
+    # bits of values 8k .. 8k+7.
+    fifth = levels.view(np.uint64) >> np.uint64(4)
+    fifth &= _LOW_BITS
+    fifth *= _GATHER_BITS
+    fifth >>= np.uint64(56)
+    out[:, 2:6] = fifth
+    _pack_nibbles(levels, out[:, 6:])
     return out.reshape(rows.shape[0], -1)
 
 
