@@ -28,7 +28,7 @@ _JUST_BELOW_HALF = np.float32(0.49999997)
 
 
 def _largest_magnitudes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x| among the block's non-negative values, among its negative values) as int64
+    """(largest |x| among the block's non-negative values, among its negative values) as int32
     float32 bit patterns, -1 where the block has no such value.
 
     A float's bits order as its magnitude within each sign: as int32 the non-negative values are
@@ -37,15 +37,18 @@ def _largest_magnitudes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     float .max(axis=1)."""
     flat = blocks.reshape(-1)
     starts = np.arange(0, flat.size, BLOCK)
-    top_signed = np.maximum.reduceat(flat.view(np.int32), starts).astype(np.int64)
-    top_unsigned = np.maximum.reduceat(flat.view(np.uint32), starts).astype(np.int64)
-    positive = np.where(top_signed >= 0, top_signed, -1)
-    negative = np.where(top_unsigned >= 1 << 31, top_unsigned - (1 << 31), -1)
+    positive = np.maximum.reduceat(flat.view(np.int32), starts)
+    np.maximum(positive, -1, out=positive)
+    negative = np.maximum.reduceat(flat.view(np.uint32), starts).view(np.int32)
+    # a block without negative values has its largest as uint32 below 2**31: non-negative as int32
+    has_negative = negative < 0
+    negative &= 0x7FFFFFFF
+    negative[~has_negative] = -1
     return positive, negative
 
 
 def _as_float(bits: np.ndarray) -> np.ndarray:
-    return bits.astype(np.uint32).view(np.float32)
+    return bits.view(np.float32)
 
 
 def _block_abs_max(blocks: np.ndarray) -> np.ndarray:
@@ -59,7 +62,7 @@ def _block_signed_max(blocks: np.ndarray) -> np.ndarray:
     positive, negative = _largest_magnitudes(blocks)
     amax = np.maximum(positive, negative)
     # a block of zeros (any signs) gives +0.0: -0.0 never passes `amax < fabsf(v)`
-    signed = _as_float(amax | ((negative > np.maximum(positive, 0)).astype(np.int64) << 31))
+    signed = _as_float(amax | ((negative > np.maximum(positive, 0)).astype(np.int32) << 31))
     # Only a block holding both +amax and -amax needs to know which came first.
     ties = np.flatnonzero((positive == negative) & (amax > 0))
     if ties.size:
