@@ -4,9 +4,8 @@ ggml quantizes one group of 16 or 32 values at a time, in C, with float32 sums a
 order. Here every function takes the groups position-major (see numerics.py), all at once.
 
 Speed: make_qx_quants tries 19 scales per group, ~8 passes over the data each, so it works on tiles
-of TILE_GROUPS groups whose buffers stay in the CPU's L2 cache, reused across candidates. Choices
-between candidates use a bitwise select, because np.where with an unpredictable mask is an order
-of magnitude slower than arithmetic.
+of TILE_GROUPS groups whose buffers stay in the CPU's L2 cache, reused across candidates. Buffers
+are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import numpy as np
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     ROUNDING_MAGIC,
+    aligned_copy,
+    aligned_empty,
     nearest_int,
     select,
     signed_max_abs,
@@ -60,20 +61,21 @@ def make_qx_quants(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tupl
     levels = np.empty((n, n_groups), dtype=np.uint8)
     for start in range(0, n_groups, TILE_GROUPS):
         tile = slice(start, start + TILE_GROUPS)
-        tile_weights = None if weights is None else np.ascontiguousarray(weights[:, tile])
-        scale[tile], levels[:, tile] = _make_qx_quants_tile(np.ascontiguousarray(x[:, tile]), nmax, tile_weights)
+        tile_weights = None if weights is None else aligned_copy(weights[:, tile])
+        scale[tile], levels[:, tile] = _make_qx_quants_tile(aligned_copy(x[:, tile]), nmax, tile_weights)
     return scale, levels
 
 
 def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(all="ignore"):  # all-zero groups divide by zero; they are overwritten below
+        # Cache-line aligned buffers: numpy's AVX-512 loops are much faster on them.
         if weights is None:
-            weights = x * x
-        weighted_x = weights * x
+            weights = np.multiply(x, x, out=aligned_empty(x.shape))
+        weighted_x = np.multiply(weights, x, out=aligned_empty(x.shape))
         amax, signed_max = signed_max_abs(x)
         finite = bool(np.isfinite(x).all())
-        levels = np.empty_like(x)
-        terms = np.empty_like(x)
+        levels = aligned_empty(x.shape)
+        terms = aligned_empty(x.shape)
 
         def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             _clamped_levels(iscale, x, nmax, finite, out=levels)
@@ -95,9 +97,9 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             if not better.any():
                 continue
             # ggml recomputes the levels from the winning iscale; so do we, once, at the end.
-            best_iscale = select(better, iscale, best_iscale)
-            scale = select(better, sum_lx / sum_l2, scale)
-            best = select(better, scale * sum_lx, best)
+            best_iscale = np.where(better, iscale, best_iscale)
+            scale = np.where(better, sum_lx / sum_l2, scale)
+            best = np.where(better, scale * sum_lx, best)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
