@@ -15,7 +15,13 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.numerics import float_warnings_off, position_major, transposed
+from ggufsmith.quantize.numerics import (
+    float_warnings_off,
+    largest_magnitudes,
+    position_major,
+    signed_max_of_finite,
+    transposed,
+)
 from ggufsmith.quantize.search_symmetric import make_qx_quants
 
 BLOCK = 32
@@ -28,48 +34,23 @@ _JUST_BELOW_HALF = np.float32(0.49999997)
 
 
 def _largest_magnitudes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x| among the block's non-negative values, among its negative values) as int32
-    float32 bit patterns, -1 where the block has no such value.
-
-    A float's bits order as its magnitude within each sign: as int32 the non-negative values are
-    the non-negative ints, as uint32 the negative values are those >= 2**31. Two integer
-    reduceats over the flat array need no elementwise pass and are several times faster than a
-    float .max(axis=1)."""
+    """numerics.largest_magnitudes of each block of 32, from integer reduceats over the flat data."""
     flat = blocks.reshape(-1)
     starts = np.arange(0, flat.size, BLOCK)
-    positive = np.maximum.reduceat(flat.view(np.int32), starts)
-    np.maximum(positive, -1, out=positive)
-    negative = np.maximum.reduceat(flat.view(np.uint32), starts).view(np.int32)
-    # a block without negative values has its largest as uint32 below 2**31: non-negative as int32
-    has_negative = negative < 0
-    negative &= 0x7FFFFFFF
-    negative[~has_negative] = -1
-    return positive, negative
-
-
-def _as_float(bits: np.ndarray) -> np.ndarray:
-    return bits.view(np.float32)
+    return largest_magnitudes(
+        np.maximum.reduceat(flat.view(np.int32), starts), np.maximum.reduceat(flat.view(np.uint32), starts)
+    )
 
 
 def _block_abs_max(blocks: np.ndarray) -> np.ndarray:
     """max |x| of each block of 32."""
-    return _as_float(np.maximum(*_largest_magnitudes(blocks)))
+    return np.maximum(*_largest_magnitudes(blocks)).view(np.float32)
 
 
 def _block_signed_max(blocks: np.ndarray) -> np.ndarray:
     """The value of largest magnitude in each block, the first one if several, +0.0 for a block of
     zeros: ggml's `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` starting from 0."""
-    positive, negative = _largest_magnitudes(blocks)
-    amax = np.maximum(positive, negative)
-    # a block of zeros (any signs) gives +0.0: -0.0 never passes `amax < fabsf(v)`
-    signed = _as_float(amax | ((negative > np.maximum(positive, 0)).astype(np.int32) << 31))
-    # Only a block holding both +amax and -amax needs to know which came first.
-    ties = np.flatnonzero((positive == negative) & (amax > 0))
-    if ties.size:
-        tied = blocks[ties]
-        first = np.argmax(np.abs(tied) == _as_float(amax[ties])[:, None], axis=1)
-        signed[ties] = tied[np.arange(ties.size), first]
-    return signed
+    return signed_max_of_finite(*_largest_magnitudes(blocks), lambda tied: blocks[tied].T)
 
 
 def _inverse_or_zero(d: np.ndarray) -> np.ndarray:

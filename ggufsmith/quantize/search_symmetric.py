@@ -72,8 +72,8 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         if weights is None:
             weights = np.multiply(x, x, out=aligned_empty(x.shape))
         weighted_x = np.multiply(weights, x, out=aligned_empty(x.shape))
-        amax, signed_max = signed_max_abs(x)
         finite = bool(np.isfinite(x).all())
+        amax, signed_max = signed_max_abs(x, finite)
         levels = aligned_empty(x.shape)
         terms = aligned_empty(x.shape)
 
@@ -127,7 +127,7 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _make_q3_quants_tile(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(all="ignore"):
-        amax, signed_max = signed_max_abs(x)
+        amax, signed_max = signed_max_abs(x, finite=True)  # quantized data: the registry checked it
         iscale = np.float32(-nmax) / signed_max
         levels = _clamped_levels(iscale, x, nmax, finite=True)
         weights = x * x
