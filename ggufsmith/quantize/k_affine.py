@@ -63,6 +63,25 @@ def _max_positive(values: np.ndarray) -> np.ndarray:
     return np.where(best > 0, best, F32(0))
 
 
+def _ref_super_scale(values: np.ndarray, top_level: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q*_K_ref's quantization of the sub-block scales (or mins) of each super-block,
+    values[n_super, n_sub]: (float16 bits of max / top_level, nearest_int(top_level / max * value)
+    stored into uint8 as C does, without a clamp)."""
+    top = _max_positive(values)
+    inverse = np.where(top > 0, F32(top_level) / top, F32(0))
+    stored = nearest_int(inverse[:, None] * values).astype(np.uint8)
+    return fp16_bits(top / F32(top_level)), stored
+
+
+def _imatrix_super_scales(scales, mins, weights, n_sub: int, top_level: int):
+    """quantize_row_q*_K_impl's: sub-block scales and mins each quantized by make_qp_quants, weighted
+    by the sub-block's total weight. Returns (d bits, dmin bits, ls, lm uint8[n_super, n_sub])."""
+    sum_w = sum_from_first(weights).reshape(-1, n_sub).T
+    d_block, ls = make_qp_quants(scales.reshape(-1, n_sub).T, top_level, sum_w)
+    m_block, lm = make_qp_quants(mins.reshape(-1, n_sub).T, top_level, sum_w)
+    return fp16_bits(d_block), fp16_bits(m_block), ls.T.astype(np.uint8), lm.T.astype(np.uint8)
+
+
 # ---------------------------------------------------------------- Q4_K and Q5_K (8 x 32)
 
 
@@ -98,30 +117,18 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
         av_x = np.sqrt(sum_x2 / F32(32))
         weights = av_x + np.abs(x)
         scales, mins, levels = make_qkx_quants(x, weights, nmax, rmin, 0.1, nstep, False)
-        scales = scales.reshape(n_super, 8)
-        mins = mins.reshape(n_super, 8)
-        max_scale = _max_positive(scales)
-        max_min = _max_positive(mins)
-        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+        d_bits, ls = _ref_super_scale(scales.reshape(n_super, 8), 63)
+        dmin_bits, lm = _ref_super_scale(mins.reshape(n_super, 8), 63)
         # uint8_t ls = nearest_int(...); ls = MIN(63, ls): the byte store comes before the clamp.
-        ls = np.minimum(nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
-        lm = np.minimum(nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
-        d_bits = fp16_bits(max_scale / F32(63))
-        dmin_bits = fp16_bits(max_min / F32(63))
+        ls = np.minimum(ls, 63)
+        lm = np.minimum(lm, 63)
     else:
         weights = _imatrix_weights(rows, x, importance, 2)
-        sum_w = sum_from_first(weights).reshape(n_super, 8).T
         scales, mins, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
-        d_block, ls = make_qp_quants(scales.reshape(n_super, 8).T, 63, sum_w)
-        m_block, lm = make_qp_quants(mins.reshape(n_super, 8).T, 63, sum_w)
-        ls = ls.T.astype(np.uint8)
-        lm = lm.T.astype(np.uint8)
+        d_bits, dmin_bits, ls, lm = _imatrix_super_scales(scales, mins, weights, 8, 63)
         if nmax == 31:  # only Q5_K's impl clamps these
             ls = np.minimum(ls, 63)
             lm = np.minimum(lm, 63)
-        d_bits = fp16_bits(d_block)
-        dmin_bits = fp16_bits(m_block)
 
     packed_scales = _pack_scales_k4(ls, lm)
     sc, m = _unpack_scales_k4(packed_scales)
@@ -198,27 +205,13 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     x = position_major(rows, 16)  # [16, n_super * 16]
     if importance is None:
         scales, mins, levels = make_qkx_quants(x, np.abs(x), 3, -0.5, 0.1, 15, True)
-        scales = scales.reshape(n_super, 16)
-        mins = mins.reshape(n_super, 16)
-        max_scale = _max_positive(scales)
-        max_min = _max_positive(mins)
-        inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
-        inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
         # C stores these ints into bytes without a clamp: keep the low bits as it does.
-        ls = nearest_int(inv_scale[:, None] * scales).astype(np.uint8)
-        lm = nearest_int(inv_min[:, None] * mins).astype(np.uint8)
-        d_bits = fp16_bits(max_scale / F32(15))
-        dmin_bits = fp16_bits(max_min / F32(15))
+        d_bits, ls = _ref_super_scale(scales.reshape(n_super, 16), 15)
+        dmin_bits, lm = _ref_super_scale(mins.reshape(n_super, 16), 15)
     else:
         weights = _imatrix_weights(rows, x, importance, 1)
-        sum_w = sum_from_first(weights).reshape(n_super, 16).T
         scales, mins, levels = make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, False)
-        d_block, ls = make_qp_quants(scales.reshape(n_super, 16).T, 15, sum_w)
-        m_block, lm = make_qp_quants(mins.reshape(n_super, 16).T, 15, sum_w)
-        ls = ls.T.astype(np.uint8)
-        lm = lm.T.astype(np.uint8)
-        d_bits = fp16_bits(d_block)
-        dmin_bits = fp16_bits(m_block)
+        d_bits, dmin_bits, ls, lm = _imatrix_super_scales(scales, mins, weights, 16, 15)
 
     packed_scales = ls | (lm << 4)
     d = (fp16_value(d_bits)[:, None] * (packed_scales & 0x0F)).reshape(1, -1)

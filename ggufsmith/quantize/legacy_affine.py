@@ -81,22 +81,22 @@ def _blocks(n_rows: int, d: np.ndarray, low: np.ndarray, *body: np.ndarray) -> n
     return transposed(np.concatenate([header, *body])).reshape(n_rows, -1)
 
 
+def _levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int):
+    if importance is None:
+        return _ref_levels(rows, nmax)
+    return _imatrix_levels(rows, importance, nmax)
+
+
 @float_warnings_off
 def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    if importance is None:
-        d, low, levels = _ref_levels(rows, 15)
-    else:
-        d, low, levels = _imatrix_levels(rows, importance, 15)
+    d, low, levels = _levels(rows, importance, 15)
     qs = levels[:16] | (levels[16:] << 4)
     return _blocks(rows.shape[0], d, low, qs)
 
 
 @float_warnings_off
 def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    if importance is None:
-        d, low, levels = _ref_levels(rows, 31)
-    else:
-        d, low, levels = _imatrix_levels(rows, importance, 31)
+    d, low, levels = _levels(rows, importance, 31)
     qs = (levels[:16] & 0x0F) | ((levels[16:] & 0x0F) << 4)
     # bit j of the little-endian u32 qh is bit 4 of level j: byte k gathers levels 8k .. 8k+7
     fifth = ((levels >> 4) & 1).reshape(4, 8, -1)
