@@ -6,11 +6,14 @@ how many values differ, so that a broken quantizer can be debugged from the mess
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize import dequantize, get_format, quantize
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+from tests.quant_data import importance_vectors
 
 
 def assert_same_bytes(ours: np.ndarray, expected: np.ndarray, ggml_type: GGMLType, what: str) -> None:
@@ -56,3 +59,28 @@ def check_against_ggml(rows: np.ndarray, ggml_type: GGMLType, importance: np.nda
     assert_same_bytes(ours, expected, ggml_type, what)
     decoded = dequantize(expected, ggml_type, rows.shape)
     assert_same_floats(decoded, ggml_dequantize(expected, int(ggml_type), rows.size), f"{ggml_type.name} {what} dequantize")
+
+
+Cases = Callable[[np.random.Generator, int, int, int], Iterator[tuple[str, np.ndarray]]]
+
+
+def check_distributions_against_ggml(ggml_type: GGMLType, row_lengths, n_rows: Callable[[int], int], cases: Cases) -> None:
+    """check_against_ggml on every distribution of `cases` (e.g. quant_data.quant_cases), for
+    n_rows(row_length) rows of each row length, without an importance matrix."""
+    rng = np.random.default_rng(int(ggml_type))
+    block_size = get_format(ggml_type).block_size
+    for row_length in row_lengths:
+        for name, rows in cases(rng, n_rows(row_length), row_length, block_size):
+            check_against_ggml(rows, ggml_type, None, f"{name} rows of {row_length}")
+
+
+def check_distributions_with_importance(ggml_type: GGMLType, row_lengths, n_rows: Callable[[int], int], cases: Cases) -> None:
+    """The same with every kind of importance vector of quant_data.importance_vectors, on a
+    quarter of the rows (at least 4)."""
+    rng = np.random.default_rng(100 + int(ggml_type))
+    block_size = get_format(ggml_type).block_size
+    for row_length in row_lengths:
+        n = max(4, n_rows(row_length) // 4)
+        for imatrix_name, importance in importance_vectors(rng, row_length):
+            for name, rows in cases(rng, n, row_length, block_size):
+                check_against_ggml(rows, ggml_type, importance, f"{name} rows of {row_length}, {imatrix_name} imatrix")

@@ -17,8 +17,14 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize import dequantize, get_format, numerics, quantize, search_symmetric
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
-from tests.quant_checks import assert_same_bytes, assert_same_floats, check_against_ggml
-from tests.quant_data import importance_vectors, model_weight_rows, quant_cases
+from tests.quant_checks import (
+    assert_same_bytes,
+    assert_same_floats,
+    check_against_ggml,
+    check_distributions_against_ggml,
+    check_distributions_with_importance,
+)
+from tests.quant_data import model_weight_rows, quant_cases
 
 LEGACY = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0]
 K_QUANTS = [GGMLType.Q6_K, GGMLType.Q3_K]
@@ -36,21 +42,12 @@ def _n_rows(row_length: int) -> int:
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_without_importance(ggml_type):
-    rng = np.random.default_rng(int(ggml_type))
-    for row_length in ROW_LENGTHS[ggml_type]:
-        for name, rows in quant_cases(rng, _n_rows(row_length), row_length, get_format(ggml_type).block_size):
-            check_against_ggml(rows, ggml_type, None, f"{name} rows of {row_length}")
+    check_distributions_against_ggml(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, quant_cases)
 
 
 @pytest.mark.parametrize("ggml_type", WITH_IMPORTANCE, ids=lambda t: t.name)
 def test_quantize_matches_ggml_with_importance(ggml_type):
-    rng = np.random.default_rng(100 + int(ggml_type))
-    block_size = get_format(ggml_type).block_size
-    for row_length in ROW_LENGTHS[ggml_type]:
-        n_rows = max(4, _n_rows(row_length) // 4)
-        for imatrix_name, importance in importance_vectors(rng, row_length):
-            for name, rows in quant_cases(rng, n_rows, row_length, block_size):
-                check_against_ggml(rows, ggml_type, importance, f"{name} rows of {row_length}, {imatrix_name} imatrix")
+    check_distributions_with_importance(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, quant_cases)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
