@@ -132,21 +132,11 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position(importance, GROUP, rows.shape[0]) * np.sqrt(sigma2_by_group + x * x)
 
 
-# Q3_K makes some twenty full passes over its data besides the sweeps; on slices of 256K values
-# (1 MiB) they run from cache, about 20% faster overall than on the registry's 1M-value chunks.
-_Q3_K_SLICE_VALUES = 1 << 18
-
-
+# Q3_K's search works on the registry's whole chunk: tile by tile for the first sweep, then on the
+# few unsettled groups of all tiles together (see make_q3_quants). That beats running the whole
+# pipeline on cache-sized slices, where each slice pays the later sweeps' fixed cost again.
 @float_warnings_off
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    step = max(1, _Q3_K_SLICE_VALUES // rows.shape[1])
-    if rows.shape[0] <= step:
-        return _q3_k_quantize_slice(rows, importance)
-    slices = [_q3_k_quantize_slice(rows[i : i + step], importance) for i in range(0, rows.shape[0], step)]
-    return np.concatenate(slices)
-
-
-def _q3_k_quantize_slice(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
     x = position_major(rows, GROUP)
     if importance is None:
