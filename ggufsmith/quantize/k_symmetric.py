@@ -132,9 +132,12 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position(importance, GROUP, rows.shape[0]) * np.sqrt(sigma2_by_group + x * x)
 
 
-# Q3_K's search works on the registry's whole chunk: tile by tile for the first sweep, then on the
-# few unsettled groups of all tiles together (see make_q3_quants). That beats running the whole
-# pipeline on cache-sized slices, where each slice pays the later sweeps' fixed cost again.
+# make_q3_quants' later sweeps cost ~400 numpy calls each whatever their width, and run once per
+# call on the unsettled groups of all its tiles together: Q3_K asks the registry for chunks of
+# 256K values rather than its default 128K (measured ~20% faster; larger gains nothing more).
+Q3_K_CHUNK_ELEMENTS = 1 << 18
+
+
 @float_warnings_off
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
@@ -186,4 +189,8 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
 
 
 register(QuantFormat(GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True))
-register(QuantFormat(GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True))
+register(
+    QuantFormat(
+        GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True, chunk_elements=Q3_K_CHUNK_ELEMENTS
+    )
+)
