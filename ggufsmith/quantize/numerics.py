@@ -81,14 +81,6 @@ def fp16_round_trip(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return half.view(np.uint8).reshape(*half.shape, 2), half.view(np.float16).astype(F32)
 
 
-def select(mask: np.ndarray, if_true: np.ndarray, if_false: np.ndarray) -> np.ndarray:
-    """np.where(mask, if_true, if_false) for float32 arrays of one shape, bit for bit, but fast:
-    np.where with an unpredictable mask is an order of magnitude slower than arithmetic."""
-    true_bits = if_true.view(np.uint32)
-    false_bits = if_false.view(np.uint32)
-    return (((true_bits ^ false_bits) & np.negative(mask, dtype=np.uint32)) ^ false_bits).view(F32)
-
-
 # ---------------------------------------------------------------- sums in C order
 
 

@@ -18,7 +18,6 @@ from ggufsmith.quantize.numerics import (
     aligned_copy,
     aligned_empty,
     nearest_int,
-    select,
     signed_max_abs,
     sum_from_zero,
 )
@@ -86,7 +85,7 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
 
         best_iscale = np.float32(-nmax) / signed_max
         sum_lx, sum_l2 = sums(best_iscale)
-        scale = select(sum_l2 != 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
+        scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
         for step in range(-9, 10):
             if step == 0:
@@ -144,7 +143,7 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
             levels[:, active], sum_lx[active], sum_l2[active] = levels_sub, lx_sub, l2_sub
             active = active[changed]
 
-        scale = select(sum_l2 > 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
+        scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
         scale[all_zero] = 0
         out = (levels + np.float32(nmax)).astype(np.uint8)
