@@ -1,8 +1,8 @@
 """Checkpoint folder -> GGUF file: read, pick the plugin, plan, transform, quantize, stream.
 
 Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
-large ones in slices of rows, and at most IN_FLIGHT slices are being converted while the previous
-one is written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
+large ones in slices of rows, and at most LOOKAHEAD_BYTES of output are converted ahead of the
+one being written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
 writing in the calling thread, so two cores are busy. The output appears only when complete:
 the writer renames its temporary file at the end and deletes it on any error or Ctrl-C.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import chain, groupby
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain, groupby
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +32,10 @@ from ggufsmith.quantize import quantize
 
 # A slice of a large tensor holds about this many elements (16 MiB as float32).
 SLICE_ELEMENTS = 1 << 22
-# Slices being converted at once, besides the one being written.
-IN_FLIGHT = 2
+# Output bytes converted (or being converted) ahead of the writer. While a write blocks (the
+# kernel throttles writers when the disk falls behind) the workers keep going; this bounds the
+# memory that buys. Pieces are loaded only when a worker starts on them.
+LOOKAHEAD_BYTES = 64 << 20
 WORKERS = 2
 
 
@@ -91,17 +93,18 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 
 # -- execution ---------------------------------------------------------------------------------
 
-def _work_units(t: PlannedTensor) -> Iterator[Callable[[], np.ndarray]]:
-    """Functions each giving the next piece of the tensor's GGUF bytes, in order."""
+def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+    """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
     if isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
         row_length = tensor.shape[-1]
         step = max(1, SLICE_ELEMENTS // row_length)
+        row_bytes = t.nbytes // tensor.n_rows
         for start in range(0, tensor.n_rows, step):
             stop = min(start + step, tensor.n_rows)
-            yield lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))
+            yield (lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))), (stop - start) * row_bytes
     else:
-        yield lambda: _encode(t, tensor.load)
+        yield (lambda: _encode(t, tensor.load)), t.nbytes
 
 
 def _encode(t: PlannedTensor, load: Callable[[], np.ndarray]) -> np.ndarray:
@@ -123,7 +126,10 @@ def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) 
                disable=not progress, desc=dst.name, dynamic_ncols=True)
     pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ggufsmith-convert")
     try:
-        with GGUFWriter(dst, plan.metadata) as writer:
+        # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
+        # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
+        # the wall time of a conversion; the OS writes the data back on its own schedule.
+        with GGUFWriter(dst, plan.metadata, fsync=False) as writer:
             for t in plan.tensors:
                 writer.add_tensor(t.name, t.shape, t.ggml_type)
             converted = _converted_in_order(plan.tensors, pool)
@@ -143,16 +149,19 @@ def _counted(bar, first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.
 
 
 def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
-    """(tensor, bytes of its next piece) in file order, with up to IN_FLIGHT pieces converting ahead."""
-    pending: deque[tuple[PlannedTensor, Future]] = deque()
+    """(tensor, bytes of its next piece) in file order, conversion running up to LOOKAHEAD_BYTES ahead."""
+    pending: deque[tuple[PlannedTensor, int, Future]] = deque()
+    ahead = 0
     for t in tensors:
-        for unit in _work_units(t):
-            pending.append((t, pool.submit(unit)))
-            if len(pending) > IN_FLIGHT:
-                done, future = pending.popleft()
+        for unit, nbytes in _work_units(t):
+            pending.append((t, nbytes, pool.submit(unit)))
+            ahead += nbytes
+            while len(pending) > 1 and ahead > LOOKAHEAD_BYTES:
+                done, size, future = pending.popleft()
+                ahead -= size
                 yield done, future.result()
     while pending:
-        done, future = pending.popleft()
+        done, _, future = pending.popleft()
         yield done, future.result()
 
 
