@@ -42,7 +42,7 @@ class ImportanceMatrix:
     chunk_count: int = 0
     chunk_size: int = 0
     is_legacy: bool = False
-    path: Path | None = None
+    path: str | None = None  # as given, for the quantize.imatrix.file key
 
     def for_tensor(self, name: str, shape: Sequence[int]) -> np.ndarray | None:
         """The importance of tensor `name` (numpy shape, rows last) as (n_matrices, row_length),
@@ -78,12 +78,11 @@ class ImportanceMatrix:
 
 def read_imatrix(path: str | os.PathLike) -> ImportanceMatrix:
     """Read a GGUF or legacy .dat imatrix file, normalized as llama-quantize normalizes it."""
-    path = Path(path)
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic == b"GGUF":
-        return _read_gguf(path)
-    return _read_legacy(path)
+    matrix = _read_gguf(Path(path)) if magic == b"GGUF" else _read_legacy(Path(path))
+    matrix.path = os.fspath(path)
+    return matrix
 
 
 def _read_gguf(path: Path) -> ImportanceMatrix:
@@ -113,7 +112,7 @@ def _read_gguf(path: Path) -> ImportanceMatrix:
         datasets = md.get(Keys.Imatrix.DATASETS) or []
         return ImportanceMatrix(
             entries, [str(d) for d in datasets], int(md.get(Keys.Imatrix.CHUNK_COUNT)), int(md.get(Keys.Imatrix.CHUNK_SIZE)),
-            is_legacy=False, path=path,
+            is_legacy=False,
         )
 
 
@@ -166,7 +165,7 @@ def _read_legacy(path: Path) -> ImportanceMatrix:
             (length,) = take("<i", "the dataset name length")
             if length > 0 and pos + length <= len(data):
                 datasets.append(take(f"<{length}s", "the dataset name")[0].split(b"\0")[0].decode("utf-8", "replace"))
-    return ImportanceMatrix(entries, datasets, chunk_count, 0, is_legacy=True, path=path)
+    return ImportanceMatrix(entries, datasets, chunk_count, 0, is_legacy=True)
 
 
 def write_imatrix(
