@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import chain, groupby
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain, groupby
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,8 @@ from ggufsmith.quantize import quantize
 
 # A slice of a large tensor holds about this many elements (16 MiB as float32).
 SLICE_ELEMENTS = 1 << 22
-# Slices being converted at once, besides the one being written.
+# Slices submitted to the pool ahead of the one being written (so at most IN_FLIGHT + 2 slices
+# exist at once: converting, converted and waiting, being written).
 IN_FLIGHT = 2
 WORKERS = 2
 
@@ -149,8 +150,11 @@ def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) 
                disable=not progress, desc=dst.name, dynamic_ncols=True)
     pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ggufsmith-convert")
     try:
+        # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
+        # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
+        # the wall time of a conversion; the OS writes the data back on its own schedule.
         alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
-        with GGUFWriter(dst, plan.metadata, alignment=alignment) as writer:
+        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False) as writer:
             for t in plan.tensors:
                 writer.add_tensor(t.name, t.shape, t.ggml_type)
             converted = _converted_in_order(plan.tensors, pool)
@@ -175,7 +179,7 @@ def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) 
     for t in tensors:
         for unit in _work_units(t):
             pending.append((t, pool.submit(unit)))
-            if len(pending) > IN_FLIGHT:
+            if len(pending) > IN_FLIGHT:  # the oldest is done or nearly: hand it to the writer
                 done, future = pending.popleft()
                 yield done, future.result()
     while pending:
