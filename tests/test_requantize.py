@@ -330,3 +330,16 @@ def test_imatrix_file_is_valid_gguf_for_gguf_py(imatrices):
     assert names == [n for name in sorted(values) for n in (name + ".in_sum2", name + ".counts")]
     experts = {t.name: t for t in reader.tensors}["blk.0.ffn_up_exps.weight.in_sum2"]
     assert experts.shape.tolist() == [256, 8]  # ne0 = row length, ne1 = experts
+
+
+def test_convert_cli_with_preset_and_imatrix(models, imatrices, tmp_path):
+    model_dir, f32 = models["mixtral"]
+    path, values, overrides = imatrices["mixtral"]
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, imatrix=values,
+                          kv_overrides=overrides) == 0
+    result = _cli("convert", model_dir, tmp_path / "ours.gguf", "--outtype", "Q4_K_M", "--imatrix", path)
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    assert "ours.gguf: 100%" in result.stderr  # one byte bar over the whole file
+    assert "bits per weight" in result.stderr and "Q8_0" in result.stderr  # the type table (MoE attn_v -> Q8_0)
+    misuse = _cli("convert", model_dir, tmp_path / "x.gguf", "--outtype", "f16", "--imatrix", path, check=False)
+    assert misuse.returncode == 1 and "preset" in misuse.stderr
