@@ -120,14 +120,15 @@ def model_facts(metadata: Metadata) -> ModelFacts:
     )
 
 
-def apply_preset(plan: ConversionPlan, request: QuantizeRequest) -> ConversionPlan:
+def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: bool = False) -> ConversionPlan:
     """The plan of llama-quantize's output for `plan`'s file (each planned type = the type the
-    input tensor has). Raises QuantizationError where llama-quantize refuses."""
+    input tensor has). Raises QuantizationError where llama-quantize refuses. With `keep_order`
+    the tensors stay in the input's order (llama-quantize --keep-split: by part, then by offset)."""
     options = request.options()
     preset = options.preset
     imatrix = request.imatrix if options.has_imatrix else None
     by_name = {t.name: t for t in plan.tensors}
-    order = llama_tensor_order(by_name)
+    order = list(by_name) if keep_order else llama_tensor_order(by_name)
     chooser = TypeChooser(options, model_facts(plan.metadata), order)
     tensors = []
     for name in order:
