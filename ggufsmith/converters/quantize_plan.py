@@ -133,8 +133,14 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
     tensors = []
     for name in order:
         t = by_name[name]
+        fallbacks = chooser.n_fallback
         new_type = chooser.choose(name, t.shape, t.ggml_type)
-        note = "" if new_type == preset.default_type or new_type == t.ggml_type else f"{preset.name} rule"
+        if chooser.n_fallback > fallbacks:
+            note = f"fallback to {new_type.name}: rows of {t.shape[-1]} do not fit the blocks of the type chosen"
+        elif new_type in (preset.default_type, t.ggml_type):
+            note = ""
+        else:
+            note = f"{preset.name} rule"
         importance = None
         if new_type != t.ggml_type:
             if is_block_quantized(t.ggml_type) and not request.allow_requantize:

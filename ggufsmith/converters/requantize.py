@@ -44,7 +44,7 @@ def quantize_gguf(
         if Keys.General.ARCHITECTURE not in model.metadata:
             raise ConversionError(f"{src}: no general.architecture key; only model files can be quantized")
         planned = [
-            PlannedTensor(name, (), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
+            PlannedTensor(name, (t.source,), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
             for name, t in model.tensors.items()
         ]
         source = ConversionPlan(None, "input", int(model.metadata.get(Keys.General.FILE_TYPE, 0)), model.metadata, planned)
