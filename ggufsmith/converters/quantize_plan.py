@@ -129,7 +129,9 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
     imatrix = request.imatrix if options.has_imatrix else None
     by_name = {t.name: t for t in plan.tensors}
     order = list(by_name) if keep_order else llama_tensor_order(by_name)
-    chooser = TypeChooser(options, model_facts(plan.metadata), order)
+    metadata = quantized_metadata(plan.metadata, preset.file_type, request)
+    # llama.cpp's loader sees the --override-kv values too (e.g. a block count) when it sizes the model
+    chooser = TypeChooser(options, model_facts(metadata), order)
     tensors = []
     for name in order:
         t = by_name[name]
@@ -159,7 +161,6 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
                 importance = None
         tensors.append(dataclasses.replace(t, ggml_type=new_type, nbytes=_nbytes(t.shape, new_type), note=note,
                                            importance=importance))
-    metadata = quantized_metadata(plan.metadata, preset.file_type, request)
     return ConversionPlan(plan.architecture, preset.name.lower(), preset.file_type, metadata, tensors)
 
 
