@@ -134,13 +134,16 @@ def test_quantize_is_llama_quantize(models, imatrices, tmp_path, model, preset, 
     _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
 
 
+# Q2_K_S needs an importance matrix (its refusal without one: test_q2_k_s_needs_an_imatrix)
+SLOW_CASES = [(p, with_imatrix) for p in ALL_PRESETS if p not in FAST_PRESETS for with_imatrix in (False, True)]
+SLOW_CASES.append(("Q2_K_S", True))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
-@pytest.mark.parametrize("preset", [p for p in ALL_PRESETS if p not in FAST_PRESETS] + ["Q2_K_S"])
+@pytest.mark.parametrize(("preset", "with_imatrix"), SLOW_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in SLOW_CASES])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_quantize_is_llama_quantize_every_preset(models, imatrices, tmp_path, model, preset, with_imatrix):
-    if preset == "Q2_K_S" and not with_imatrix:
-        pytest.skip("Q2_K_S needs an importance matrix (tested in test_q2_k_s_needs_an_imatrix)")
     _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
 
 
