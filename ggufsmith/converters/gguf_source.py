@@ -37,6 +37,9 @@ class GGUFTensor(RowSlicedTensor):
 
 
 def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor:
+    if t.byteorder != "little":
+        raise ConversionError(f"{path}: a big-endian GGUF file; llama.cpp's quantizer does not read these either, "
+                              "convert it to little-endian first")
     row_length = t.shape[-1] if len(t.shape) >= 2 else max(1, t.n_elements)
     n_rows = t.n_elements // row_length if row_length else 0
     row_bytes = t.nbytes // n_rows if n_rows else 0
