@@ -171,18 +171,29 @@ def generate_checkpoint(model_dir: Path) -> Path:
     return model_dir
 
 
+# Runs the command from a fresh, small Python and reports the child's own usage. (A child's ru_maxrss
+# starts at its parent's resident size at fork time, so measuring straight from this process, which
+# may hold the generated weights, would inflate it.)
+_LAUNCHER = """
+import json, os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps({"code": os.waitstatus_to_exitcode(status), "wall": time.perf_counter() - start,
+                  "rss_kib": usage.ru_maxrss, "cpu": usage.ru_utime + usage.ru_stime}))
+"""
+
+
 def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, float]:
     """(wall seconds, peak RSS in MiB, CPU seconds user+system) of one fresh child process."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    stderr = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
+    proc = subprocess.run([sys.executable, "-c", _LAUNCHER, *cmd], env=env, cwd=cwd, capture_output=True, text=True)
+    try:
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise SystemExit(f"launcher failed: {proc.stderr[-3000:]}") from None
+    if result["code"] != 0:
+        raise SystemExit(f"failed ({result['code']}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    return result["wall"], result["rss_kib"] / 1024, result["cpu"]
 
 
 def reference_script() -> Path:

@@ -88,38 +88,3 @@ def checkpoint_tensors(model_dir: Path):
 
     return {name: LazyTensor.from_array(array, source=name)
             for name, array in load_file(Path(model_dir) / "model.safetensors").items()}
-
-
-# --- llama.cpp's own converter as the reference -------------------------------------------------
-# TODO(merge): replace by tests/llamacpp_reference.py from the pipeline branch once it is on main.
-
-def _reference_script() -> Path | None:
-    import os
-
-    candidates = [os.environ.get("LLAMACPP_CONVERT_SCRIPT"),
-                  "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py"]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
-
-
-def reference_convert(model_dir: Path, out: Path, outtype: str) -> Path:
-    """Run llama.cpp's convert_hf_to_gguf.py; skip (locally) or fail (CI) when it is not available."""
-    import os
-    import subprocess
-    import sys
-
-    import pytest
-
-    script = _reference_script()
-    if script is None:
-        if os.environ.get("CI"):
-            pytest.fail("llama.cpp's convert_hf_to_gguf.py is needed in CI")
-        pytest.skip("llama.cpp's convert_hf_to_gguf.py not available")
-    env = dict(os.environ, PYTHONPATH=str(script.parent / "gguf-py"))
-    result = subprocess.run([sys.executable, str(script), str(model_dir), "--outfile", str(out), "--outtype", outtype],
-                            env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {model_dir}:\n{result.stderr[-3000:]}")
-    return out

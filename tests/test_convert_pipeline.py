@@ -327,3 +327,32 @@ def test_ctrl_c_mid_conversion_leaves_no_file(tmp_path, toy_bf16):
     assert "interrupted" in stderr
     assert list(out_dir.iterdir()) == []
     assert os.listdir(out_dir) == []
+
+
+@pytest.mark.slow
+def test_memory_stays_bounded_by_slices_not_tensors(tmp_path, toy_bf16):
+    """Two 128 MiB float32 tensors convert with a peak RSS well under one tensor's size."""
+    from safetensors.numpy import save_file
+
+    model_dir = tmp_path / "wide"
+    model_dir.mkdir()
+    big = np.random.default_rng(0).standard_normal((8192, 4096), dtype=np.float32)
+    save_file({"model.embed_tokens.weight": big, "lm_head.weight": big}, model_dir / "model.safetensors")
+    del big
+    (model_dir / "config.json").write_text(json.dumps({"architectures": ["ToyLlamaForCausalLM"], "hidden_size": 4096,
+                                                      "num_hidden_layers": 0, "vocab_size": VOCAB}))
+    for name in ("tokenizer.model", "tokenizer_config.json"):
+        (model_dir / name).write_bytes((toy_bf16[0] / name).read_bytes())
+    code = (
+        "import resource, sys; sys.path.insert(0, 'tests'); import pipeline_toy_plugin as p; p.register()\n"
+        "from ggufsmith.cli import main\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "assert main(sys.argv[1:]) == 0\n"
+        "print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "convert", str(model_dir), str(tmp_path / "wide.gguf"),
+                           "--outtype", "f16", "--quiet"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    before_kib, peak_kib = map(int, proc.stdout.split())
+    # Loading one tensor whole would add 128 MiB (float32) + 64 MiB (f16) on top of the imports.
+    assert (peak_kib - before_kib) / 1024 < 100, (before_kib, peak_kib)

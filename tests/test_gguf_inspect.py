@@ -253,3 +253,15 @@ def test_naming_convention_agrees_with_the_spec_javascript_regex(tmp_path):
         ours = check_file_name(name)
         assert ours["follows_convention"] is (expected is not None), name
         assert ours["parts"] == (expected or {}), name
+
+
+def test_inspect_into_a_closed_pipe_is_not_an_error():
+    # `ggufsmith inspect --json x.gguf | head -c 100`
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ggufsmith", "inspect", "--json", str(VOCAB_FILES[0])],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.read(100).startswith(b"{")
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""

@@ -199,7 +199,7 @@ def _ggufpy_write(path, byteorder, alignment, seed):
 
 
 @pytest.mark.parametrize("byteorder", ["little", "big"])
-@pytest.mark.parametrize("alignment", [8, 32, 64, 256])
+@pytest.mark.parametrize("alignment", [1, 4, 8, 16, 32, 64, 256])
 def test_gguf_py_files_read_identically(tmp_path, byteorder, alignment):
     path = tmp_path / "theirs.gguf"
     arrays = _ggufpy_write(path, byteorder, alignment, seed=alignment)

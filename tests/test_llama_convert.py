@@ -16,60 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.llama_models import VARIANTS, build_model, reference_convert, tokenizer_vocab_size, with_tokenizer
-from tests.tokenizer_helpers import CHECK_TEXT, train_bpe, train_sentencepiece
+from tests.llama_fixtures import BPE_VARIANTS, model_dirs, ours, reference, tokenizer_dirs  # noqa: F401 (fixtures)
+from tests.llama_models import VARIANTS, build_model, tokenizer_vocab_size, with_tokenizer
+from tests.tokenizer_helpers import CHECK_TEXT
 
 pytestmark = pytest.mark.slow
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 TOLERANCE = {"f32": 1e-4, "f16": 1e-2, "bf16": 5e-2, "q8_0": 1.5e-1}
-# Llama 3 style: a byte-level BPE tokenizer.json; the others a SentencePiece tokenizer.model (llama 2).
-BPE_VARIANTS = ("llama_head_dim",)
 PROMPT = "The quick brown fox jumps over the lazy dog. Größere Äpfel, 我们今天去公园散步。 Привет мир 42!"
-
-
-def _tokenizer_dir(tmp_path_factory, kind: str) -> Path:
-    directory = tmp_path_factory.mktemp(f"tokenizer-{kind}")
-    return train_bpe(directory, "llama3") if kind == "bpe" else train_sentencepiece(directory)
-
-
-@pytest.fixture(scope="session")
-def tokenizer_dirs(tmp_path_factory):
-    return {kind: _tokenizer_dir(tmp_path_factory, kind) for kind in ("sp", "bpe")}
-
-
-@pytest.fixture(scope="session")
-def model_dirs(tmp_path_factory, tokenizer_dirs):
-    """variant -> folder with config.json, model.safetensors and the tokenizer files, built once."""
-    built: dict[str, Path] = {}
-
-    def get(variant: str) -> Path:
-        if variant not in built:
-            source = tokenizer_dirs["bpe" if variant in BPE_VARIANTS else "sp"]
-            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), source)
-            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
-            built[variant] = model_dir
-        return built[variant]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def ours(model_dirs):
-    """(variant, outtype) -> our GGUF, converted through the public Python API."""
-    import ggufsmith
-
-    done: dict[tuple[str, str], Path] = {}
-
-    def get(variant: str, outtype: str) -> Path:
-        if (variant, outtype) not in done:
-            model_dir = model_dirs(variant)
-            out = model_dir / f"ours-{outtype}.gguf"
-            ggufsmith.convert(model_dir, out, outtype=outtype)
-            done[variant, outtype] = out
-        return done[variant, outtype]
-
-    return get
 
 
 def prompt_ids(model_dir: Path) -> list[int]:
@@ -145,9 +100,12 @@ def test_transformers_gguf_loader_gives_original_logits(ours, model_dirs, varian
     np.testing.assert_allclose(got, transformers_logits(model_dir, ids), rtol=0, atol=1e-5)
 
 
-def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
-    """tie_word_embeddings with an lm_head.weight in the file: transformers uses the embeddings
-    (it ties on load), so the GGUF must have no `output` and llama.cpp falls back to token_embd."""
+def test_tied_model_with_a_stored_lm_head_keeps_it(tmp_path, tokenizer_dirs):
+    """tie_word_embeddings with an lm_head.weight in the file that differs from the embeddings:
+    transformers then does not tie and uses the stored lm_head, so the GGUF must carry it as
+    `output` (llama.cpp would otherwise read token_embd). convert_hf_to_gguf.py does the same."""
+    import gguf
+
     import ggufsmith
     from safetensors.numpy import load_file, save_file
 
@@ -155,14 +113,12 @@ def test_stored_lm_head_of_tied_model_is_not_used(tmp_path, tokenizer_dirs):
     build_model(tmp_path, "llama_tied", tokenizer_vocab_size(tmp_path))
     tensors = load_file(tmp_path / "model.safetensors")
     assert "lm_head.weight" not in tensors
-    tensors["lm_head.weight"] = -tensors["model.embed_tokens.weight"]  # stale and different on purpose
+    tensors["lm_head.weight"] = -tensors["model.embed_tokens.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "ours.gguf"
     ggufsmith.convert(tmp_path, out, outtype="f32")
 
-    import gguf
-
-    assert "output.weight" not in {t.name for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" in {t.name for t in gguf.GGUFReader(out).tensors}
     ids = prompt_ids(tmp_path)
     expected = transformers_logits(tmp_path, ids)
     assert relative_error(llamacpp_logits(out, ids), expected) < TOLERANCE["f32"]
@@ -200,12 +156,15 @@ def _fields(reader) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("variant", ["llama_gqa", "llama_rope_llama3", "mixtral", "llama_tied"])
-def test_same_file_as_llamacpp_converter(ours, model_dirs, variant, outtype):
+def test_same_file_as_llamacpp_converter(ours, reference, variant, outtype):
+    assert_same_file(ours(variant, outtype), reference(variant, outtype))
+
+
+def assert_same_file(our_path: Path, their_path: Path) -> None:
+    """Keys and values, tensor names, shapes, types and bytes equal, but for EXPECTED_KEY_DIFFERENCES."""
     import gguf
 
-    model_dir = model_dirs(variant)
-    reference = reference_convert(model_dir, model_dir / f"reference-{outtype}.gguf", outtype)
-    our_reader, their_reader = gguf.GGUFReader(ours(variant, outtype)), gguf.GGUFReader(reference)
+    our_reader, their_reader = gguf.GGUFReader(our_path), gguf.GGUFReader(their_path)
 
     our_fields, their_fields = _fields(our_reader), _fields(their_reader)
     differing = {key for key in our_fields.keys() | their_fields.keys() if our_fields.get(key) != their_fields.get(key)}

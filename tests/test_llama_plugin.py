@@ -7,38 +7,20 @@ import numpy as np
 import pytest
 
 from ggufsmith.arch import HFConfig, find_architecture
-from tests.llama_models import (
-    VARIANTS,
-    build_model,
-    checkpoint_tensors,
-    reference_convert,
-    tokenizer_vocab_size,
-    with_tokenizer,
-)
-from tests.tokenizer_helpers import train_sentencepiece
+from tests.llama_fixtures import model_dirs, reference, tokenizer_dirs  # noqa: F401 (fixtures)
+from tests.llama_models import VARIANTS, checkpoint_tensors
 
 
 @pytest.fixture(scope="session")
-def sp_tokenizer_dir(tmp_path_factory):
-    return train_sentencepiece(tmp_path_factory.mktemp("sp"))
-
-
-@pytest.fixture(scope="session")
-def converted(tmp_path_factory, sp_tokenizer_dir):
+def converted(model_dirs, reference):
     """variant -> (our plugin instance, our mapped tensors, the reference f32 GGUF reader)."""
     import gguf
 
-    cache = {}
-
     def get(variant):
-        if variant not in cache:
-            model_dir = with_tokenizer(tmp_path_factory.mktemp(variant), sp_tokenizer_dir)
-            build_model(model_dir, variant, tokenizer_vocab_size(model_dir))
-            reference = reference_convert(model_dir, model_dir / "reference-f32.gguf", "f32")
-            config = HFConfig.from_dir(model_dir)
-            plugin = find_architecture(config)(config)
-            cache[variant] = (plugin, plugin.map_tensors(checkpoint_tensors(model_dir)), gguf.GGUFReader(reference))
-        return cache[variant]
+        config = HFConfig.from_dir(model_dirs(variant))
+        plugin = find_architecture(config)(config)
+        mapped = plugin.map_tensors(checkpoint_tensors(model_dirs(variant)))
+        return plugin, mapped, gguf.GGUFReader(reference(variant, "f32"))
 
     return get
 
@@ -84,3 +66,77 @@ def test_arch_keys_equal_llamacpp_converter(converted, variant):
             assert np.float32(value.plain()) == np.float32(expected), key
         else:
             assert value.plain() == expected, key
+
+
+@pytest.mark.slow
+def test_old_config_layout_gives_the_same_keys(model_dirs, tmp_path):
+    """Configs written before transformers 5 have rope_theta and rope_scaling ({"type": ...}) at the
+    top level instead of rope_parameters; llama.cpp's converter reads both, and so must we."""
+    import json
+    import shutil
+
+    import gguf
+
+    from tests.llamacpp_reference import run_reference_converter
+
+    source = model_dirs("llama_rope_linear")
+    for f in source.iterdir():
+        if f.is_file() and f.suffix != ".gguf":
+            shutil.copy(f, tmp_path / f.name)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = {"type": rope.pop("rope_type"), **rope}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    ours = find_architecture(HFConfig.from_dir(tmp_path))(HFConfig.from_dir(tmp_path)).metadata()
+    reader = gguf.GGUFReader(run_reference_converter(tmp_path, tmp_path / "reference.gguf", "f32"))
+    theirs = {name: field.contents() for name, field in reader.fields.items() if name.startswith("llama.")}
+    assert {k: v.plain() for k, v in ours.items()} == pytest.approx(theirs)
+    assert theirs["llama.rope.scaling.type"] == "linear"
+
+
+def _plugin(**fields):
+    config = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_attention_heads=4,
+                  num_hidden_layers=2, intermediate_size=96, vocab_size=100, rms_norm_eps=1e-5)
+    config.update(fields)
+    hf_config = HFConfig(config, "model/config.json")
+    return find_architecture(hf_config)(hf_config)
+
+
+@pytest.mark.parametrize("hf_class", ["LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"])
+def test_llama_family_classes_use_the_llama_plugin(hf_class):
+    assert _plugin(architectures=[hf_class]).name == "llama"
+
+
+def test_unsupported_rope_scaling_is_a_clear_error():
+    from ggufsmith.errors import ConversionError
+
+    with pytest.raises(ConversionError, match=r"model/config.json: rope type 'longrope' is not supported"):
+        _plugin(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}).metadata()
+
+
+def test_llama3_rope_without_its_parameters_is_a_clear_error():
+    from ggufsmith.errors import ConversionError
+
+    with pytest.raises(ConversionError, match="'llama3' needs 'low_freq_factor'"):
+        _plugin(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}).extra_tensors()
+
+
+def test_missing_expert_is_a_clear_error():
+    from ggufsmith.converters.lazy_tensor import LazyTensor
+    from ggufsmith.errors import ConversionError
+
+    plugin = _plugin(architectures=["MixtralForCausalLM"], num_local_experts=3, num_experts_per_tok=2)
+    weight = LazyTensor.from_array(np.zeros((96, 64), np.float32))
+    tensors = {f"model.layers.0.block_sparse_moe.experts.{x}.w1.weight": weight for x in (0, 2)}
+    with pytest.raises(ConversionError, match=r"experts \[1\] are missing"):
+        plugin.map_tensors(tensors)
+
+
+def test_dynamic_rope_writes_no_scaling_and_warns(caplog):
+    # Matches convert_hf_to_gguf.py (no keys): llama.cpp has no dynamic NTK scaling.
+    with caplog.at_level("WARNING"):
+        metadata = _plugin(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}).metadata()
+    assert not [key for key in metadata if ".rope.scaling." in key]
+    assert "max_position_embeddings" in caplog.text

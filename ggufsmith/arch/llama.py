@@ -4,6 +4,7 @@ experts). Sources: the HF modeling code for the checkpoint layout, llama.cpp's l
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -15,7 +16,11 @@ from ggufsmith.converters.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 
+log = logging.getLogger(__name__)
+
 ROPE_FREQS = "rope_freqs.weight"
+# What llama.cpp's llama runtime uses for yarn whatever the file says (it reads no beta keys for llama).
+_LLAMACPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
 _LAYER = "model.layers.{bid}."
 _BLOCK = "blk.{bid}."
@@ -65,10 +70,9 @@ class Llama(Architecture):
         self.n_head_kv = config.get("num_key_value_heads", default=self.n_head)
         self.head_dim = config.get("head_dim", default=None) or config.get("hidden_size") // self.n_head
         self.rope = _rope_parameters(config)
-        if config.get("tie_word_embeddings", default=False):
-            # transformers ties lm_head to embed_tokens on load, so a stored lm_head (a copy, or a
-            # stale value) is never used; without `output` llama.cpp reads token_embd, as transformers does.
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
+        # Tied embeddings: save_pretrained stores no lm_head, so there is no `output` tensor and
+        # llama.cpp reads token_embd in its place. An lm_head stored anyway is kept: transformers
+        # (5.x) uses it rather than tying when its values differ from the embeddings.
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -94,7 +98,6 @@ class Llama(Architecture):
 
     def _rope_scaling_keys(self, keys: ArchKeys) -> None:
         rope_type = self.rope.get("rope_type", "default")
-        factor = self.rope.get("factor")
         if rope_type == "linear":
             keys.string(Keys.Rope.SCALING_TYPE, "linear")
             keys.f32(Keys.Rope.SCALING_FACTOR, _required(self.config, self.rope, "factor"))
@@ -112,12 +115,23 @@ class Llama(Architecture):
                 keys.f32(Keys.Rope.SCALING_ATTN_FACTOR, attention_factor / _yarn_default_attention(factor))
             keys.f32(Keys.Rope.SCALING_YARN_BETA_FAST, self.rope.get("beta_fast"))
             keys.f32(Keys.Rope.SCALING_YARN_BETA_SLOW, self.rope.get("beta_slow"))
+            unsupported = {name: self.rope[name] for name, value in _LLAMACPP_YARN_BETAS.items()
+                           if self.rope.get(name) not in (None, value)}
+            unsupported.update({name: self.rope[name] for name in ("mscale", "mscale_all_dim") if self.rope.get(name)})
+            if unsupported:
+                log.warning("%s: llama.cpp's llama ignores yarn %s; its rope will differ from transformers'",
+                            self.config.path, unsupported)
         elif rope_type == "llama3":
             pass  # expressed as the rope_freqs tensor, see extra_tensors()
+        elif rope_type == "dynamic":
+            # NTK scaling that transformers applies only beyond max_position_embeddings; llama.cpp
+            # has no equivalent, so the file runs the same only within the trained context.
+            log.warning("%s: llama.cpp has no dynamic NTK rope scaling; the model matches transformers "
+                        "only up to max_position_embeddings tokens", self.config.path)
         elif rope_type != "default":
             raise ConversionError(
                 f"{self.config.path}: rope type {rope_type!r} is not supported for llama "
-                "(supported: default, linear, yarn, llama3)"
+                "(supported: default, linear, yarn, llama3, dynamic)"
             )
 
     def extra_tensors(self) -> dict[str, LazyTensor]:

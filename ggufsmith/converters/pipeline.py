@@ -1,8 +1,8 @@
 """Checkpoint folder -> GGUF file: read, pick the plugin, plan, transform, quantize, stream.
 
 Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
-large ones in slices of rows, and at most IN_FLIGHT slices are being converted while the previous
-one is written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
+large ones in slices of rows, and at most LOOKAHEAD_BYTES of output are converted ahead of the
+one being written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
 writing in the calling thread, so two cores are busy. The output appears only when complete:
 the writer renames its temporary file at the end and deletes it on any error or Ctrl-C.
 """
@@ -34,9 +34,10 @@ from ggufsmith.quantize import quantize
 
 # A slice of a large tensor holds about this many elements (16 MiB as float32).
 SLICE_ELEMENTS = 1 << 22
-# Slices submitted to the pool ahead of the one being written (so at most IN_FLIGHT + 2 slices
-# exist at once: converting, converted and waiting, being written).
-IN_FLIGHT = 2
+# Output bytes converted (or being converted) ahead of the writer. While a write blocks (the
+# kernel throttles writers when the disk falls behind) the workers keep going; this bounds the
+# memory that buys. Pieces are loaded only when a worker starts on them.
+LOOKAHEAD_BYTES = 64 << 20
 WORKERS = 2
 
 
@@ -102,25 +103,28 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 
 # -- execution ---------------------------------------------------------------------------------
 
-def _work_units(t: PlannedTensor) -> Iterator[Callable[[], np.ndarray]]:
-    """Functions each giving the next piece of the tensor's GGUF bytes, in order."""
+def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+    """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
     if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
-        yield from _row_slices(tensor, tensor.raw_rows)
+        yield from _row_slices(t, tensor.raw_rows)
     elif isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
-        yield from _row_slices(tensor, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
+        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
     else:
-        yield lambda: _encode(t, tensor.load, 0)
+        yield (lambda: _encode(t, tensor.load, 0)), t.nbytes
 
 
-def _row_slices(tensor: RowSlicedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[Callable[[], np.ndarray]]:
-    """piece(start, stop) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
+def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+    """(piece(start, stop), its size) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
+    tensor = t.tensor
     row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
     n_rows = tensor.n_elements // row_length if row_length else 0
+    row_bytes = t.nbytes // n_rows if n_rows else 0
     step = max(1, SLICE_ELEMENTS // max(1, row_length))
     for start in range(0, max(1, n_rows), step):
-        yield lambda start=start: piece(start, min(start + step, n_rows))
+        stop = min(start + step, n_rows)
+        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
 
 
 def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
@@ -174,16 +178,19 @@ def _counted(bar, first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.
 
 
 def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
-    """(tensor, bytes of its next piece) in file order, with up to IN_FLIGHT pieces converting ahead."""
-    pending: deque[tuple[PlannedTensor, Future]] = deque()
+    """(tensor, bytes of its next piece) in file order, conversion running up to LOOKAHEAD_BYTES ahead."""
+    pending: deque[tuple[PlannedTensor, int, Future]] = deque()
+    ahead = 0
     for t in tensors:
-        for unit in _work_units(t):
-            pending.append((t, pool.submit(unit)))
-            if len(pending) > IN_FLIGHT:  # the oldest is done or nearly: hand it to the writer
-                done, future = pending.popleft()
+        for unit, nbytes in _work_units(t):
+            pending.append((t, nbytes, pool.submit(unit)))
+            ahead += nbytes
+            while len(pending) > 1 and ahead > LOOKAHEAD_BYTES:
+                done, size, future = pending.popleft()
+                ahead -= size
                 yield done, future.result()
     while pending:
-        done, future = pending.popleft()
+        done, _, future = pending.popleft()
         yield done, future.result()
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     reader = GGUFReader(args.file)
     report = build_report(reader)
-    if args.json:
-        print(json.dumps(report, indent=1))
-    else:
-        print(format_report(reader, report))
+    text = json.dumps(report, indent=1) if args.json else format_report(reader, report)
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `ggufsmith inspect x.gguf | head`: the reader has all it wanted; not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

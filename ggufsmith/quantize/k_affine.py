@@ -64,7 +64,7 @@ def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray
 
 def _max_positive(values: np.ndarray) -> np.ndarray:
     """C's `if (v > best) best = v` from best = 0 over axis 1: +0 unless something is positive."""
-    best = np.maximum.reduce(values, axis=1)
+    best = np.fmax.reduce(values, axis=1)  # a NaN never passes `v > best`
     return np.where(best > 0, best, F32(0))
 
 

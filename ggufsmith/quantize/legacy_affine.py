@@ -18,6 +18,7 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_affine import (
     F32,
+    aligned_empty,
     first_max,
     first_min,
     float_exceptions_expected,
@@ -41,15 +42,14 @@ def _ref_levels(rows: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np
     span = high - low
     d = span / F32(nmax)
     inv_d = np.where(d != 0, F32(1) / d, F32(0))
-    scaled = x - low
+    scaled = np.subtract(x, low, out=aligned_empty(x.shape))
     scaled *= inv_d
     scaled += F32(0.5)
     if np.isfinite(inv_d).all() and np.isfinite(span).all():
-        # Then 0 <= scaled < nmax + 1: C's truncating conversion is a plain cast to bytes.
-        levels = scaled.astype(np.uint8)
-        if nmax == 15:
-            np.minimum(levels, 15, out=levels)
-        return d, low, levels
+        # Then 0.5 <= scaled < nmax + 1 (a finite 1/d means d is precise to 2^-21 even when
+        # subnormal), so C's truncating conversion is a plain cast to bytes and Q4_1's MIN(15, .)
+        # never binds.
+        return d, low, scaled.astype(np.uint8)
     # Degenerate blocks (span overflowing, or 1/d infinite): emulate C's conversion exactly,
     # cvttss2si giving INT_MIN for NaN and out-of-range values, then the byte store.
     wide = scaled.astype(np.int32)
@@ -105,31 +105,31 @@ def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return _blocks(rows.shape[0], d, low, qh, qs)
 
 
-def _dequantize(d_bits: np.ndarray, m_bits: np.ndarray, levels: np.ndarray, shape) -> np.ndarray:
-    d = fp16_value(d_bits)[:, None]
-    m = fp16_value(m_bits)[:, None]
-    values = levels.astype(F32) * d
-    values += m
+def _dequantize(blocks: np.ndarray, low_nibbles: np.ndarray, high_nibbles: np.ndarray, shape) -> np.ndarray:
+    """x = q * d + m per block (ggml's order: the product rounds first); q given as its first and
+    second 16 levels, uint8[n_blocks, 16] each."""
+    header = blocks[:, :4].copy().view("<u2")
+    values = aligned_empty((blocks.shape[0], BLOCK))
+    np.copyto(values[:, :16], low_nibbles, casting="unsafe")
+    np.copyto(values[:, 16:], high_nibbles, casting="unsafe")
+    values *= fp16_value(header[:, 0])[:, None]
+    values += fp16_value(header[:, 1])[:, None]
     return values.reshape(shape)
 
 
 @float_exceptions_expected
 def dequantize_q4_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 20)
-    header = blocks[:, :4].copy().view("<u2")
     qs = blocks[:, 4:]
-    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-    return _dequantize(header[:, 0], header[:, 1], levels, (data.shape[0], row_length))
+    return _dequantize(blocks, qs & 0x0F, qs >> 4, (data.shape[0], row_length))
 
 
 @float_exceptions_expected
 def dequantize_q5_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 24)
-    header = blocks[:, :4].copy().view("<u2")
     qs = blocks[:, 8:]
     high = np.unpackbits(blocks[:, 4:8], axis=1, bitorder="little") << 4
-    levels = np.concatenate([qs & 0x0F, qs >> 4], axis=1) | high
-    return _dequantize(header[:, 0], header[:, 1], levels, (data.shape[0], row_length))
+    return _dequantize(blocks, (qs & 0x0F) | high[:, :16], (qs >> 4) | high[:, 16:], (data.shape[0], row_length))
 
 
 register(QuantFormat(GGMLType.Q4_1, quantize_q4_1, dequantize_q4_1, supports_importance=True))

@@ -75,6 +75,22 @@ def seq_sum(terms: np.ndarray) -> np.ndarray:
     return np.add.reduce(terms, axis=0)
 
 
+def aligned_empty(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+    """An uninitialized array starting on a 64-byte boundary. numpy only guarantees 16 bytes, and
+    its AVX-512 loops run about twice as fast when their output is cache-line aligned."""
+    dtype = np.dtype(dtype)
+    n_bytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n_bytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + n_bytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(a: np.ndarray, dtype=F32) -> np.ndarray:
+    out = aligned_empty(a.shape, dtype)
+    out[...] = a
+    return out
+
+
 def transposed(a: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of a 2-D array's transpose.
 
@@ -82,7 +98,7 @@ def transposed(a: np.ndarray) -> np.ndarray:
     line per element; going tile by tile keeps both sides in cache and is ~5x faster here.
     """
     n_rows, n_cols = a.shape
-    out = np.empty((n_cols, n_rows), dtype=a.dtype)
+    out = aligned_empty((n_cols, n_rows), a.dtype)
     tile_cols = min(n_cols, 64)
     tile_rows = max(32, 4096 // tile_cols)
     for r in range(0, n_rows, tile_rows):
@@ -140,16 +156,14 @@ def make_qkx_quants(
     n, n_blocks = x.shape
     batch = max(8, SEARCH_BATCH_ELEMENTS // n)
     if n_blocks <= batch:
-        return _search_batch(np.ascontiguousarray(x, dtype=F32), np.ascontiguousarray(weights, dtype=F32),
-                             nmax, rmin, rdelta, nstep, use_mad)
+        return _search_batch(aligned_copy(x), aligned_copy(weights), nmax, rmin, rdelta, nstep, use_mad)
     scale = np.empty(n_blocks, dtype=F32)
     the_min = np.empty(n_blocks, dtype=F32)
     levels = np.empty((n, n_blocks), dtype=F32)
     for start in range(0, n_blocks, batch):
         part = slice(start, start + batch)
         scale[part], the_min[part], levels[:, part] = _search_batch(
-            np.ascontiguousarray(x[:, part], dtype=F32), np.ascontiguousarray(weights[:, part], dtype=F32),
-            nmax, rmin, rdelta, nstep, use_mad,
+            aligned_copy(x[:, part]), aligned_copy(weights[:, part]), nmax, rmin, rdelta, nstep, use_mad
         )
     return scale, the_min, levels
 
@@ -166,9 +180,9 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     flat_min = low[flat]
     live = ~flat  # flat blocks return early in C; their arithmetic here is discarded
 
-    buf = np.empty_like(x)
-    tmp = np.empty_like(x)
-    tmp2 = np.empty_like(x)
+    buf = aligned_empty(x.shape)
+    tmp = aligned_empty(x.shape)
+    tmp2 = aligned_empty(x.shape)
 
     def levels_into(out, iscale, low):
         """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32."""
@@ -224,7 +238,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
                 scale = np.where(better, this_scale, scale)
                 low = np.where(better, this_min, low)
 
-    levels = levels_into(np.empty_like(x), best_iscale, best_low)
+    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low)
     if flat.any():
         levels[:, flat] = 0
         scale = np.where(flat, F32(0), scale)
@@ -245,8 +259,9 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
     n = x.shape[0]
     fnmax = F32(nmax)
 
-    high = np.maximum.reduce(x, axis=0)
-    high = np.where(high > 0, high, F32(0))
+    high = np.zeros(x.shape[1], dtype=F32)
+    for row in x:  # C's MAX(max, x[i]) = max > x[i] ? max : x[i], NaN included
+        high = np.where(high > row, high, row)
     all_zero = high < GROUP_MAX_EPS
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
