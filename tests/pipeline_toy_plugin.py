@@ -34,6 +34,7 @@ class ToyLlama(Architecture):
         "model.layers.{bid}.mlp.down_proj.weight": "blk.{bid}.ffn_down.weight",
         "model.layers.{bid}.mlp.router.weight": "blk.{bid}.ffn_gate_inp.weight",
         "model.layers.{bid}.extra.weight": "blk.{bid}.extra.weight",
+        "model.layers.{bid}.experts.{xid}.up.weight": "blk.{bid}.ffn_up_exps.weight",
     }
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
     f32_tensors = (r"blk\.\d+\.extra\.weight",)

@@ -356,3 +356,48 @@ def test_memory_stays_bounded_by_slices_not_tensors(tmp_path, toy_bf16):
     before_kib, peak_kib = map(int, proc.stdout.split())
     # Loading one tensor whole would add 128 MiB (float32) + 64 MiB (f16) on top of the imports.
     assert (peak_kib - before_kib) / 1024 < 100, (before_kib, peak_kib)
+
+
+def test_bf16_to_f16_shortcut_equals_numpy_for_every_bf16_value():
+    """The integer bf16 -> f16 path against numpy's float32 -> float16 cast, for all 65536 patterns."""
+    from ggufsmith.converters.pipeline import bf16_bits_to_f16_bits
+
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    with np.errstate(over="ignore"):
+        expected = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float16).view(np.uint16)
+    got = bf16_bits_to_f16_bits(bits.reshape(256, 256)).view(np.uint16)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+def test_stacked_experts_stream_in_slices_across_expert_boundaries(tmp_path, monkeypatch, outtype):
+    """Expert tensors are stacked into one GGUF tensor; slices that straddle two experts must give
+    exactly np.stack of the experts."""
+    from safetensors.torch import save_file
+
+    import ggufsmith.converters.pipeline as pipeline
+    from ggufsmith.converters.checkpoint import open_checkpoint
+    from ggufsmith.converters.lazy_tensor import RowSlicedTensor
+
+    g = torch.Generator().manual_seed(1)
+    experts = [torch.randn(10, 64, generator=g).to(torch.bfloat16) for _ in range(4)]
+    save_file({f"model.layers.0.experts.{i}.up.weight": e for i, e in enumerate(experts)}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["ToyLlamaForCausalLM"], "hidden_size": 64,
+                                                      "num_hidden_layers": 1}))
+    with open_checkpoint(tmp_path) as ckpt:
+        (mapped,) = ToyLlama(ckpt.config).map_tensors(ckpt.tensors)
+        assert isinstance(mapped.tensor, RowSlicedTensor) and mapped.tensor.shape == (4, 10, 64)
+    monkeypatch.setattr(pipeline, "SLICE_ELEMENTS", 7 * 64)  # slices of 7 rows over experts of 10
+    out = tmp_path / "x.gguf"
+    ggufsmith.convert(tmp_path, out, outtype, arch=ToyLlama, with_tokenizer=False)
+    _, tensors = _read(out)
+    t = tensors["blk.0.ffn_up_exps.weight"]
+    stacked = torch.stack(experts).float()
+    expected_type = GGMLType[outtype.upper()]
+    assert GGMLType(int(t.tensor_type)) == expected_type
+    ours = dequantize(np.asarray(t.data).reshape(-1).view(np.uint8), expected_type, (4, 10, 64))
+    if outtype == "q8_0":
+        reference = gguf.quants.quantize(stacked.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        np.testing.assert_array_equal(ours, gguf.quants.dequantize(reference, gguf.GGMLQuantizationType.Q8_0))
+    else:
+        np.testing.assert_array_equal(ours, (stacked.half().float() if outtype == "f16" else stacked).numpy())

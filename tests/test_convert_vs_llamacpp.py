@@ -6,7 +6,6 @@ Differences that are deliberate are listed in ALLOWED_DIFFERENCES with the reaso
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

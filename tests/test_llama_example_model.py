@@ -82,3 +82,27 @@ def test_example_logits_are_not_degenerate():
     logits = transformers_logits(EXAMPLE, ids)
     assert logits.std(axis=-1).min() > 0.5
     assert len(set(np.argmax(logits, axis=-1).tolist())) > 3
+
+
+def test_readme_command_on_a_fresh_install(tmp_path):
+    """`pip install .` into an empty virtual environment (numpy and tqdm only: no torch,
+    sentencepiece, protobuf or transformers), then the README's convert command."""
+    import os
+    import venv
+
+    from transformers import AutoTokenizer
+
+    venv.create(tmp_path / "venv", with_pip=True)
+    bin_dir = tmp_path / "venv" / ("Scripts" if os.name == "nt" else "bin")
+    install = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", str(REPO)],
+                             capture_output=True, text=True, timeout=900)
+    if install.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"pip install . failed: {install.stderr[-2000:]}")
+        pytest.skip(f"pip install . failed (offline?): {install.stderr.strip().splitlines()[-1:]}")
+    out = tmp_path / "tiny-llama-f16.gguf"
+    result = subprocess.run([str(bin_dir / "ggufsmith"), "convert", "examples/tiny-llama", str(out), "--outtype", "f16"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    ids = AutoTokenizer.from_pretrained(EXAMPLE).encode(TEXT)
+    assert relative_error(llamacpp_logits(out, ids), transformers_logits(EXAMPLE, ids)) < TOLERANCE["f16"]

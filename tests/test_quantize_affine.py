@@ -19,7 +19,14 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize import dequantize, get_format, quantize
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
-from tests.quant_data import importance_vectors, model_weight_rows, quant_cases
+from tests.quant_checks import (
+    assert_same_bytes,
+    assert_same_floats,
+    check_against_ggml,
+    check_distributions_against_ggml,
+    check_distributions_with_importance,
+)
+from tests.quant_data import model_weight_rows, quant_cases
 
 LEGACY = [GGMLType.Q4_1, GGMLType.Q5_1]
 K_QUANTS = [GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q2_K]
@@ -59,64 +66,17 @@ def _n_rows(row_length: int) -> int:
     return max(8, 32 * 1024 // row_length)
 
 
-# ------------------------------------------------------------------ comparisons
-
-
-def assert_same_bytes(ours: np.ndarray, expected: np.ndarray, ggml_type: GGMLType, what: str) -> None:
-    fmt = get_format(ggml_type)
-    ours = ours.reshape(expected.shape)
-    if np.array_equal(ours, expected):
-        return
-    row, byte = np.argwhere(ours != expected)[0]
-    raise AssertionError(
-        f"{ggml_type.name} {what}: {int((ours != expected).sum())} bytes differ from ggml; first in row {row}, "
-        f"block {byte // fmt.type_size}, byte {byte % fmt.type_size} of the block: "
-        f"ours {ours[row, byte]:#04x}, ggml {expected[row, byte]:#04x}"
-    )
-
-
-def assert_same_floats(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
-    """Bit equality of float32 arrays, so that -0.0 vs 0.0 and NaN payloads count."""
-    ours_bits = np.ascontiguousarray(ours, dtype=np.float32).reshape(-1).view(np.uint32)
-    expected_bits = np.ascontiguousarray(expected, dtype=np.float32).reshape(-1).view(np.uint32)
-    if np.array_equal(ours_bits, expected_bits):
-        return
-    i = int(np.argwhere(ours_bits != expected_bits)[0][0])
-    raise AssertionError(
-        f"{what}: {int((ours_bits != expected_bits).sum())} values differ; first at flat index {i}: "
-        f"ours {ours_bits[i]:#010x}, ggml {expected_bits[i]:#010x}"
-    )
-
-
-def check_against_ggml(rows: np.ndarray, ggml_type: GGMLType, importance: np.ndarray | None, what: str) -> None:
-    expected = ggml_quantize(rows, int(ggml_type), importance)
-    ours = quantize(rows, ggml_type, importance)
-    assert_same_bytes(ours, expected, ggml_type, what)
-    decoded = dequantize(expected, ggml_type, rows.shape)
-    assert_same_floats(decoded, ggml_dequantize(expected, int(ggml_type), rows.size), f"{ggml_type.name} {what} dequantize")
-
-
 # ------------------------------------------------------------------ tests
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_without_importance(ggml_type):
-    rng = np.random.default_rng(int(ggml_type))
-    block_size = get_format(ggml_type).block_size
-    for row_length in ROW_LENGTHS[ggml_type]:
-        for name, rows in _cases(rng, _n_rows(row_length), row_length, block_size):
-            check_against_ggml(rows, ggml_type, None, f"{name} rows of {row_length}")
+    check_distributions_against_ggml(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, _cases)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_with_importance(ggml_type):
-    rng = np.random.default_rng(100 + int(ggml_type))
-    block_size = get_format(ggml_type).block_size
-    for row_length in ROW_LENGTHS[ggml_type]:
-        n_rows = max(4, _n_rows(row_length) // 4)
-        for imatrix_name, importance in importance_vectors(rng, row_length):
-            for name, rows in _cases(rng, n_rows, row_length, block_size):
-                check_against_ggml(rows, ggml_type, importance, f"{name} rows of {row_length}, {imatrix_name} imatrix")
+    check_distributions_with_importance(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, _cases)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

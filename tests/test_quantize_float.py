@@ -10,6 +10,7 @@ import pytest
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize import dequantize, quantize
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+from tests.quant_checks import assert_same_bits
 
 FLOAT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16]
 
@@ -40,14 +41,6 @@ def _interesting_float32_bits() -> np.ndarray:
     return bits[: bits.size // 64 * 64]
 
 
-def _assert_same_bits(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
-    ours, expected = ours.reshape(-1), expected.reshape(-1)
-    if np.array_equal(ours, expected):
-        return
-    i = int(np.argwhere(ours != expected)[0][0])
-    raise AssertionError(f"{what}: {(ours != expected).sum()} differ; first at {i}: ours {ours[i]:#x}, ggml {expected[i]:#x}")
-
-
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_on_every_kind_of_float32(ggml_type):
     bits = _interesting_float32_bits()
@@ -55,7 +48,7 @@ def test_quantize_matches_ggml_on_every_kind_of_float32(ggml_type):
     expected = ggml_quantize(rows, int(ggml_type))
     ours = quantize(rows, ggml_type)
     width = {GGMLType.F32: np.uint32, GGMLType.F16: np.uint16, GGMLType.BF16: np.uint16}[ggml_type]
-    _assert_same_bits(ours.view(width), expected.view(width), f"{ggml_type.name} quantize")
+    assert_same_bits(ours.view(width), expected.view(width), f"{ggml_type.name} quantize")
 
 
 @pytest.mark.parametrize("ggml_type", [GGMLType.F16, GGMLType.BF16], ids=lambda t: t.name)
@@ -63,18 +56,18 @@ def test_dequantize_matches_ggml_on_all_16_bit_patterns(ggml_type):
     data = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.uint8)
     expected = ggml_dequantize(data, int(ggml_type), 2**16)
     ours = dequantize(data, ggml_type, (256, 256))
-    _assert_same_bits(ours.view(np.uint32), expected.view(np.uint32), f"{ggml_type.name} dequantize")
+    assert_same_bits(ours.view(np.uint32), expected.view(np.uint32), f"{ggml_type.name} dequantize")
 
 
 def test_f32_round_trip_keeps_every_bit():
     # ggml has no to_float for F32: its data is the float32 itself, NaN payloads and -0.0 included.
     bits = _interesting_float32_bits()
     stored = ggml_quantize(bits.view(np.float32).reshape(-1, 64), int(GGMLType.F32))
-    _assert_same_bits(dequantize(stored, GGMLType.F32, (bits.size // 64, 64)).view(np.uint32), bits, "F32 dequantize")
+    assert_same_bits(dequantize(stored, GGMLType.F32, (bits.size // 64, 64)).view(np.uint32), bits, "F32 dequantize")
 
 
 @pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
 def test_float_types_accept_any_row_length(ggml_type):
     rows = np.random.default_rng(0).standard_normal((3, 7), dtype=np.float32)
     expected = ggml_quantize(rows, int(ggml_type))
-    _assert_same_bits(quantize(rows, ggml_type), expected.reshape(-1), f"{ggml_type.name} rows of 7")
+    assert_same_bits(quantize(rows, ggml_type), expected.reshape(-1), f"{ggml_type.name} rows of 7")

@@ -15,9 +15,16 @@ from hypothesis.extra import numpy as hnp
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import dequantize, get_format, quantize, search_symmetric
+from ggufsmith.quantize import dequantize, get_format, numerics, quantize, search_symmetric
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
-from tests.quant_data import importance_vectors, model_weight_rows, quant_cases
+from tests.quant_checks import (
+    assert_same_bytes,
+    assert_same_floats,
+    check_against_ggml,
+    check_distributions_against_ggml,
+    check_distributions_with_importance,
+)
+from tests.quant_data import model_weight_rows, quant_cases
 
 LEGACY = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0]
 K_QUANTS = [GGMLType.Q6_K, GGMLType.Q3_K]
@@ -33,59 +40,14 @@ def _n_rows(row_length: int) -> int:
     return max(8, 64 * 1024 // row_length)
 
 
-def assert_same_bytes(ours: np.ndarray, expected: np.ndarray, ggml_type: GGMLType, what: str) -> None:
-    fmt = get_format(ggml_type)
-    ours = ours.reshape(expected.shape)
-    if np.array_equal(ours, expected):
-        return
-    row, byte = np.argwhere(ours != expected)[0]
-    block = byte // fmt.type_size
-    n_bad = int((ours != expected).sum())
-    raise AssertionError(
-        f"{ggml_type.name} {what}: {n_bad} bytes differ from ggml; first in row {row}, block {block}, "
-        f"byte {byte % fmt.type_size} of the block: ours {ours[row, byte]:#04x}, ggml {expected[row, byte]:#04x}"
-    )
-
-
-def assert_same_floats(ours: np.ndarray, expected: np.ndarray, what: str) -> None:
-    """Bit equality of float32 arrays (so -0.0 vs 0.0 and NaN payloads count)."""
-    ours_bits = np.ascontiguousarray(ours, dtype=np.float32).reshape(-1).view(np.uint32)
-    expected_bits = np.ascontiguousarray(expected, dtype=np.float32).reshape(-1).view(np.uint32)
-    if np.array_equal(ours_bits, expected_bits):
-        return
-    i = int(np.argwhere(ours_bits != expected_bits)[0][0])
-    raise AssertionError(
-        f"{what}: {(ours_bits != expected_bits).sum()} values differ; first at flat index {i}: "
-        f"ours {ours_bits[i]:#010x} ({ours_bits.view(np.float32)[i]!r}), "
-        f"ggml {expected_bits[i]:#010x} ({expected_bits.view(np.float32)[i]!r})"
-    )
-
-
-def check_against_ggml(rows: np.ndarray, ggml_type: GGMLType, importance: np.ndarray | None, what: str) -> None:
-    expected = ggml_quantize(rows, int(ggml_type), importance)
-    ours = quantize(rows, ggml_type, importance)
-    assert_same_bytes(ours, expected, ggml_type, what)
-    decoded = dequantize(expected, ggml_type, rows.shape)
-    assert_same_floats(decoded, ggml_dequantize(expected, int(ggml_type), rows.size), f"{ggml_type.name} {what} dequantize")
-
-
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_without_importance(ggml_type):
-    rng = np.random.default_rng(int(ggml_type))
-    for row_length in ROW_LENGTHS[ggml_type]:
-        for name, rows in quant_cases(rng, _n_rows(row_length), row_length, get_format(ggml_type).block_size):
-            check_against_ggml(rows, ggml_type, None, f"{name} rows of {row_length}")
+    check_distributions_against_ggml(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, quant_cases)
 
 
 @pytest.mark.parametrize("ggml_type", WITH_IMPORTANCE, ids=lambda t: t.name)
 def test_quantize_matches_ggml_with_importance(ggml_type):
-    rng = np.random.default_rng(100 + int(ggml_type))
-    block_size = get_format(ggml_type).block_size
-    for row_length in ROW_LENGTHS[ggml_type]:
-        n_rows = max(4, _n_rows(row_length) // 4)
-        for imatrix_name, importance in importance_vectors(rng, row_length):
-            for name, rows in quant_cases(rng, n_rows, row_length, block_size):
-                check_against_ggml(rows, ggml_type, importance, f"{name} rows of {row_length}, {imatrix_name} imatrix")
+    check_distributions_with_importance(ggml_type, ROW_LENGTHS[ggml_type], _n_rows, quant_cases)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -132,6 +94,16 @@ def test_quantize_matches_ggml_on_single_blocks_and_tile_remainders(ggml_type):
             check_against_ggml(rows, ggml_type, importance, f"{rows.shape[0]} rows of {rows.shape[1]}, imatrix")
 
 
+def test_q3_k_later_sweeps_span_search_tiles(monkeypatch):
+    """Q3_K sweeps the groups left unsettled by the first sweep of every search tile together: with
+    small tiles, so that a registry chunk holds several (and a partial one), it still matches ggml,
+    as it does over several registry chunks."""
+    monkeypatch.setattr(search_symmetric, "Q3_TILE_GROUPS", 1000)
+    rows = np.random.default_rng(301).standard_normal((300, 4096), dtype=np.float32)
+    rows[::3] *= np.float32(1e-3)  # a mix of magnitudes across tiles
+    check_against_ggml(rows, GGMLType.Q3_K, None, "300 rows of 4096 in tiles of 1000 groups")
+
+
 @pytest.mark.parametrize("n", [16, 32])
 def test_ordered_sum_adds_in_c_order_for_any_group_count(n):
     rng = np.random.default_rng(n)
@@ -141,7 +113,7 @@ def test_ordered_sum_adds_in_c_order_for_any_group_count(n):
             expected = np.zeros(n_groups, np.float32)
             for row in terms:
                 expected = (expected + row).astype(np.float32)
-            assert_same_floats(search_symmetric.ordered_sum(terms), expected, f"{n} x {n_groups} sum")
+            assert_same_floats(numerics.sum_from_zero(terms), expected, f"{n} x {n_groups} sum")
 
 
 _finite_rows = hnp.arrays(

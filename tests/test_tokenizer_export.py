@@ -205,19 +205,21 @@ def test_nfc_normalizer_is_accepted_with_a_warning(qwen2_dir, caplog):
     assert "NFC" in caplog.text
 
 
-def test_missing_sentencepiece_is_a_clear_error(sp_dir, monkeypatch):
+def test_sentencepiece_model_needs_no_sentencepiece_package(sp_dir, monkeypatch):
+    # `pip install ggufsmith` has numpy and tqdm only; tokenizer.model is read by our own decoder.
     import builtins
 
+    expected = export_tokenizer(sp_dir, kind="llama")
     real_import = builtins.__import__
 
     def no_sentencepiece(name, *args, **kwargs):
-        if name.startswith("sentencepiece"):
+        if name.startswith(("sentencepiece", "google.protobuf")):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_sentencepiece)
-    with pytest.raises(TokenizerError, match="needs the sentencepiece and protobuf packages"):
-        export_tokenizer(sp_dir, kind="llama")
+    got = export_tokenizer(sp_dir, kind="llama")
+    assert {k: v.plain() for k, v in got.items()} == {k: v.plain() for k, v in expected.items()}
 
 
 def test_sentencepiece_style_json_forced_to_gpt2_is_refused(tmp_path):

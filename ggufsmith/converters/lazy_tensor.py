@@ -61,12 +61,18 @@ class LazyTensor:
             if t.shape != first.shape:
                 raise ConversionError(f"cannot stack {t.source} of shape {t.shape} with {first.source} of shape {first.shape}")
         dtype = first.dtype if all(t.dtype == first.dtype for t in tensors) else "F32"
-        return LazyTensor(
-            (len(tensors), *first.shape),
-            dtype,
-            lambda: np.stack([t.load() for t in tensors]),
-            source or f"{first.source} (+{len(tensors) - 1} stacked)",
-        )
+        shape = (len(tensors), *first.shape)
+        source = source or f"{first.source} (+{len(tensors) - 1} stacked)"
+        load = lambda: np.stack([t.load() for t in tensors])  # noqa: E731
+        if first.shape and all(isinstance(t, RowSlicedTensor) for t in tensors):
+            # The stack's rows are the parts' rows one after the other: it can be sliced too.
+            same_storage = all(t.dtype == first.dtype and t.stored_rows_loader for t in tensors)
+            return RowSlicedTensor(
+                shape, dtype, load, source,
+                lambda start, stop: _rows_across(tensors, start, stop, stored=False),
+                (lambda start, stop: _rows_across(tensors, start, stop, stored=True)) if same_storage else None,
+            )
+        return LazyTensor(shape, dtype, load, source)
 
     @staticmethod
     def concatenate(tensors: Sequence[LazyTensor], axis: int = 0, source: str = "") -> LazyTensor:
@@ -87,3 +93,41 @@ class LazyTensor:
     def from_array(array: np.ndarray, dtype: str = "F32", source: str = "") -> LazyTensor:
         """Wrap data that is already in memory (made by a plugin, e.g. whisper's mel filters)."""
         return LazyTensor(tuple(array.shape), dtype, lambda: array, source)
+
+
+@dataclass(frozen=True)
+class RowSlicedTensor(LazyTensor):
+    """A LazyTensor that can also load a range of its rows (rows along the last axis, as ggml).
+
+    The pipeline streams large tensors through the quantizer in slices of rows so that no more
+    than a slice is ever in memory. Any transform (`map`, `reshape`...) gives a plain LazyTensor,
+    which is loaded whole.
+    """
+
+    rows_loader: object = None  # Callable[[int, int], np.ndarray] returning rows [start, stop)
+    # The same rows as stored, without widening: bf16 as uint16 bit patterns. Lets the pipeline
+    # turn bf16 into f16 with integer operations instead of a float32 detour.
+    stored_rows_loader: object = None
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // self.shape[-1] if self.shape and self.shape[-1] else 0
+
+    def load_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.rows_loader(start, stop)
+
+    def load_stored_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.stored_rows_loader(start, stop)
+
+
+def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored: bool) -> np.ndarray:
+    """Rows [start, stop) of the parts stacked (each part has the same number of rows)."""
+    per_part = parts[0].n_rows
+    pieces = []
+    for index in range(start // per_part, (stop - 1) // per_part + 1) if stop > start else ():
+        first, last = max(start, index * per_part) - index * per_part, min(stop, (index + 1) * per_part) - index * per_part
+        part = parts[index]
+        pieces.append(part.load_stored_rows(first, last) if stored else part.load_rows(first, last))
+    if not pieces:
+        return (parts[0].load_stored_rows(0, 0) if stored else parts[0].load_rows(0, 0))
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

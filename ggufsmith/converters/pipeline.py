@@ -20,13 +20,13 @@ import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
-from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, Keys
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, GGMLType, Keys
 from ggufsmith.converters.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
 from ggufsmith.converters.gguf_source import GGUFTensor
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
-from ggufsmith.converters.safetensors import RowSlicedTensor
+from ggufsmith.converters.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import GGUFWriter
@@ -109,10 +109,14 @@ def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], in
     if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
-    elif isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
-        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
-    else:
+        return
+    if not isinstance(tensor, RowSlicedTensor) or len(tensor.shape) < 2:
         yield (lambda: _encode(t, tensor.load, 0)), t.nbytes
+        return
+    if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
+        yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
+    else:
+        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
 
 
 def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
@@ -127,10 +131,38 @@ def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> It
         yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
 
 
+def bf16_bits_to_f16_bits(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 -> float16 as bit patterns, equal to converting through float32 with round to nearest
+    even, in about a third of the time. Every bf16 whose exponent lies in float16's normal range
+    converts exactly by moving the exponent and padding the mantissa; the rest (zeros, tiny values,
+    overflow, Inf, NaN: rare in weights) go through float32."""
+    bits = np.ascontiguousarray(bits, dtype=np.uint16)
+    magnitude = bits & np.uint16(0x7FFF)
+    # f16 exponent = bf16 exponent - 112; normal f16 exponents are 1..30, i.e. bf16 113..142.
+    out = magnitude - np.uint16(112 << 7)
+    out <<= np.uint16(3)
+    out |= bits & np.uint16(0x8000)
+    outside = (magnitude - np.uint16(113 << 7)) > np.uint16((142 << 7 | 0x7F) - (113 << 7))
+    if outside.any():
+        idx = np.flatnonzero(outside.reshape(-1))
+        flat_out, flat_bits = out.reshape(-1), bits.reshape(-1)
+        with np.errstate(over="ignore"):  # beyond f16's range is Inf, as the float path gives
+            flat_out[idx] = bf16_bits_to_f32(flat_bits[idx]).astype("<f2").view(np.uint16)
+    return out.view(np.uint8).reshape(-1)
+
+
+def _checked(t: PlannedTensor, produce: Callable[[], np.ndarray]) -> np.ndarray:
+    try:
+        return produce()
+    except GgufsmithError as e:
+        raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
+
+
 def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
     """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type,
     each expert's rows of a 3-D tensor with that expert's importance vector."""
-    try:
+
+    def produce() -> np.ndarray:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
@@ -141,8 +173,8 @@ def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) ->
         pieces = [quantize(rows[start:stop], t.ggml_type, importance)
                   for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-    except GgufsmithError as e:
-        raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
+
+    return _checked(t, produce)
 
 
 def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:

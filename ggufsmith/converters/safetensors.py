@@ -16,12 +16,11 @@ import json
 import mmap
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.converters.lazy_tensor import RowSlicedTensor
 from ggufsmith.errors import ConversionError
 
 # safetensors dtype name -> numpy dtype of its stored bytes (little-endian).
@@ -48,25 +47,6 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     out = np.empty(bits.shape, dtype=np.uint32)
     np.left_shift(bits, 16, out=out, dtype=np.uint32)
     return out.view(np.float32)
-
-
-@dataclass(frozen=True)
-class RowSlicedTensor(LazyTensor):
-    """A LazyTensor that can also load a range of its rows (rows along the last axis, as ggml).
-
-    The pipeline streams large tensors through the quantizer in slices of rows so that no more
-    than a slice is ever in memory. Any transform (`map`, `reshape`...) gives a plain LazyTensor,
-    which is loaded whole.
-    """
-
-    rows_loader: object = None  # Callable[[int, int], np.ndarray] returning rows [start, stop)
-
-    @property
-    def n_rows(self) -> int:
-        return self.n_elements // self.shape[-1] if self.shape and self.shape[-1] else 0
-
-    def load_rows(self, start: int, stop: int) -> np.ndarray:
-        return self.rows_loader(start, stop)
 
 
 class SafetensorsFile:
@@ -133,17 +113,19 @@ class SafetensorsFile:
         row_length = shape_t[-1] if shape_t else 1
         start = self.data_start + begin
 
-        def load_rows(first: int, stop: int) -> np.ndarray:
+        def load_rows(first: int, stop: int, widen=bf16_bits_to_f32 if dtype_name == "BF16" else np.copy) -> np.ndarray:
             rows = stop - first
-            widen = bf16_bits_to_f32 if dtype_name == "BF16" else np.copy
             data = self._read(start + first * row_length * storage.itemsize, rows * row_length, storage, widen)
             return data.reshape(rows, row_length)
+
+        def load_stored_rows(first: int, stop: int) -> np.ndarray:
+            return load_rows(first, stop, widen=np.copy)
 
         def load() -> np.ndarray:
             n_rows = n_elements // row_length if row_length else 0
             return load_rows(0, n_rows).reshape(shape_t) if n_elements else np.zeros(shape_t, _loaded_dtype(storage, dtype_name))
 
-        return RowSlicedTensor(shape_t, dtype_name, load, f"{self.path.name}:{name}", load_rows)
+        return RowSlicedTensor(shape_t, dtype_name, load, f"{self.path.name}:{name}", load_rows, load_stored_rows)
 
     def _read(self, offset: int, count: int, storage: np.dtype, convert) -> np.ndarray:
         """convert(the `count` elements at byte `offset`): a copy out of the map, whose pages are then dropped."""

@@ -90,4 +90,10 @@ def _lazy(torch, tensor, dtype_name: str, source: str) -> RowSlicedTensor:
     def load() -> np.ndarray:
         return to_numpy(tensor).reshape(shape)
 
-    return RowSlicedTensor(shape, dtype_name, load, source, load_rows)
+    def load_stored_rows(start: int, stop: int) -> np.ndarray:
+        rows = tensor.reshape(-1, row_length)[start:stop].contiguous()
+        if dtype_name == "BF16":
+            return rows.view(torch.int16).numpy().view(np.uint16).copy()
+        return rows.numpy().copy()
+
+    return RowSlicedTensor(shape, dtype_name, load, source, load_rows, load_stored_rows)

@@ -24,34 +24,29 @@ import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_affine import (
+from ggufsmith.quantize.numerics import (
     F32,
-    float_exceptions_expected,
+    float_warnings_off,
     fp16_bits,
     fp16_value,
-    make_qkx_quants,
-    make_qp_quants,
+    importance_by_position,
     nearest_int,
     nearest_int_clipped,
-    seq_sum,
+    position_major,
+    sum_from_first,
     transposed,
 )
-
-
-def _position_major(rows: np.ndarray, sub: int) -> np.ndarray:
-    """x[i, s]: element i of sub-block s, sub-blocks numbered in memory order over all rows."""
-    return transposed(rows.reshape(-1, sub))
+from ggufsmith.quantize.search_affine import make_qkx_quants, make_qp_quants
 
 
 def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, sigma_factor: int) -> np.ndarray:
     """importance * sqrt(sigma2 + x^2) for x in position-major layout, sigma2 being sigma_factor
     times the mean square of the super-block."""
     sub = x.shape[0]
-    xs = _position_major(rows, QK_K)  # [256, n_super]
-    sigma2 = F32(sigma_factor) * seq_sum(xs * xs) / F32(QK_K)
+    xs = position_major(rows, QK_K)  # [256, n_super]
+    sigma2 = F32(sigma_factor) * sum_from_first(xs * xs) / F32(QK_K)
     s2 = np.repeat(sigma2, QK_K // sub)[None, :]
-    # column r * blocks_per_row + b of x is block b of row r, which uses importance[b*sub : (b+1)*sub]
-    qw = np.tile(transposed(importance.reshape(-1, sub)), (1, rows.shape[0]))
+    qw = importance_by_position(importance, sub, rows.shape[0])
     return qw * np.sqrt(s2 + x * x)
 
 
@@ -66,6 +61,25 @@ def _max_positive(values: np.ndarray) -> np.ndarray:
     """C's `if (v > best) best = v` from best = 0 over axis 1: +0 unless something is positive."""
     best = np.fmax.reduce(values, axis=1)  # a NaN never passes `v > best`
     return np.where(best > 0, best, F32(0))
+
+
+def _ref_super_scale(values: np.ndarray, top_level: int) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q*_K_ref's quantization of the sub-block scales (or mins) of each super-block,
+    values[n_super, n_sub]: (float16 bits of max / top_level, nearest_int(top_level / max * value)
+    stored into uint8 as C does, without a clamp)."""
+    top = _max_positive(values)
+    inverse = np.where(top > 0, F32(top_level) / top, F32(0))
+    stored = nearest_int(inverse[:, None] * values).astype(np.uint8)
+    return fp16_bits(top / F32(top_level)), stored
+
+
+def _imatrix_super_scales(scales, mins, weights, n_sub: int, top_level: int):
+    """quantize_row_q*_K_impl's: sub-block scales and mins each quantized by make_qp_quants, weighted
+    by the sub-block's total weight. Returns (d bits, dmin bits, ls, lm uint8[n_super, n_sub])."""
+    sum_w = sum_from_first(weights).reshape(-1, n_sub).T
+    d_block, ls = make_qp_quants(scales.reshape(-1, n_sub).T, top_level, sum_w)
+    m_block, lm = make_qp_quants(mins.reshape(-1, n_sub).T, top_level, sum_w)
+    return fp16_bits(d_block), fp16_bits(m_block), ls.T.astype(np.uint8), lm.T.astype(np.uint8)
 
 
 # ---------------------------------------------------------------- Q4_K and Q5_K (8 x 32)
@@ -97,36 +111,24 @@ def _k4_levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int, rmin:
     Returns (d bits, dmin bits, 12 scale bytes, levels uint8[n_super, 256]).
     """
     n_super = rows.size // QK_K
-    x = _position_major(rows, 32)  # [32, n_super * 8]
+    x = position_major(rows, 32)  # [32, n_super * 8]
     if importance is None:
-        sum_x2 = seq_sum(x * x)
+        sum_x2 = sum_from_first(x * x)
         av_x = np.sqrt(sum_x2 / F32(32))
         weights = av_x + np.abs(x)
         scales, mins, levels = make_qkx_quants(x, weights, nmax, rmin, 0.1, nstep, False)
-        scales = scales.reshape(n_super, 8)
-        mins = mins.reshape(n_super, 8)
-        max_scale = _max_positive(scales)
-        max_min = _max_positive(mins)
-        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
-        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0))
+        d_bits, ls = _ref_super_scale(scales.reshape(n_super, 8), 63)
+        dmin_bits, lm = _ref_super_scale(mins.reshape(n_super, 8), 63)
         # uint8_t ls = nearest_int(...); ls = MIN(63, ls): the byte store comes before the clamp.
-        ls = np.minimum(nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
-        lm = np.minimum(nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
-        d_bits = fp16_bits(max_scale / F32(63))
-        dmin_bits = fp16_bits(max_min / F32(63))
+        ls = np.minimum(ls, 63)
+        lm = np.minimum(lm, 63)
     else:
         weights = _imatrix_weights(rows, x, importance, 2)
-        sum_w = seq_sum(weights).reshape(n_super, 8).T
         scales, mins, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
-        d_block, ls = make_qp_quants(scales.reshape(n_super, 8).T, 63, sum_w)
-        m_block, lm = make_qp_quants(mins.reshape(n_super, 8).T, 63, sum_w)
-        ls = ls.T.astype(np.uint8)
-        lm = lm.T.astype(np.uint8)
+        d_bits, dmin_bits, ls, lm = _imatrix_super_scales(scales, mins, weights, 8, 63)
         if nmax == 31:  # only Q5_K's impl clamps these
             ls = np.minimum(ls, 63)
             lm = np.minimum(lm, 63)
-        d_bits = fp16_bits(d_block)
-        dmin_bits = fp16_bits(m_block)
 
     packed_scales = _pack_scales_k4(ls, lm)
     sc, m = _unpack_scales_k4(packed_scales)
@@ -141,7 +143,7 @@ def _header(d_bits: np.ndarray, dmin_bits: np.ndarray) -> np.ndarray:
     return np.stack([d_bits, dmin_bits], axis=1).astype("<u2").view(np.uint8)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 15, -1.0, 20)
     halves = levels.reshape(-1, 4, 2, 32)  # 64-weight groups: first 32 low nibbles, next 32 high
@@ -150,7 +152,7 @@ def quantize_q4_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q5_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d_bits, dmin_bits, scales, levels = _k4_levels(rows, importance, 31, -0.5, 15)
     halves = levels.reshape(-1, 4, 2, 32)
@@ -173,7 +175,7 @@ def _dequantize_k4(d_bits, dmin_bits, scales, levels, shape) -> np.ndarray:
     return values.reshape(shape)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 144)
     header = blocks[:, :4].copy().view("<u2")
@@ -182,7 +184,7 @@ def dequantize_q4_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return _dequantize_k4(header[:, 0], header[:, 1], blocks[:, 4:16], levels, (data.shape[0], row_length))
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 176)
     header = blocks[:, :4].copy().view("<u2")
@@ -197,33 +199,19 @@ def dequantize_q5_k(data: np.ndarray, row_length: int) -> np.ndarray:
 # ---------------------------------------------------------------- Q2_K (16 x 16)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_super = rows.size // QK_K
-    x = _position_major(rows, 16)  # [16, n_super * 16]
+    x = position_major(rows, 16)  # [16, n_super * 16]
     if importance is None:
         scales, mins, levels = make_qkx_quants(x, np.abs(x), 3, -0.5, 0.1, 15, True)
-        scales = scales.reshape(n_super, 16)
-        mins = mins.reshape(n_super, 16)
-        max_scale = _max_positive(scales)
-        max_min = _max_positive(mins)
-        inv_scale = np.where(max_scale > 0, F32(15) / max_scale, F32(0))
-        inv_min = np.where(max_min > 0, F32(15) / max_min, F32(0))
         # C stores these ints into bytes without a clamp: keep the low bits as it does.
-        ls = nearest_int(inv_scale[:, None] * scales).astype(np.uint8)
-        lm = nearest_int(inv_min[:, None] * mins).astype(np.uint8)
-        d_bits = fp16_bits(max_scale / F32(15))
-        dmin_bits = fp16_bits(max_min / F32(15))
+        d_bits, ls = _ref_super_scale(scales.reshape(n_super, 16), 15)
+        dmin_bits, lm = _ref_super_scale(mins.reshape(n_super, 16), 15)
     else:
         weights = _imatrix_weights(rows, x, importance, 1)
-        sum_w = seq_sum(weights).reshape(n_super, 16).T
         scales, mins, levels = make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, False)
-        d_block, ls = make_qp_quants(scales.reshape(n_super, 16).T, 15, sum_w)
-        m_block, lm = make_qp_quants(mins.reshape(n_super, 16).T, 15, sum_w)
-        ls = ls.T.astype(np.uint8)
-        lm = lm.T.astype(np.uint8)
-        d_bits = fp16_bits(d_block)
-        dmin_bits = fp16_bits(m_block)
+        d_bits, dmin_bits, ls, lm = _imatrix_super_scales(scales, mins, weights, 16, 15)
 
     packed_scales = ls | (lm << 4)
     d = (fp16_value(d_bits)[:, None] * (packed_scales & 0x0F)).reshape(1, -1)
@@ -236,7 +224,7 @@ def quantize_q2_k(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray
     return out.reshape(rows.shape[0], -1)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 84)
     scales = blocks[:, :16]

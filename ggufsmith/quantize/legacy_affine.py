@@ -16,18 +16,19 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_affine import (
+from ggufsmith.quantize.numerics import (
     F32,
     aligned_empty,
     first_max,
     first_min,
-    float_exceptions_expected,
+    float_warnings_off,
     fp16_bits,
     fp16_value,
-    make_qkx_quants,
-    seq_sum,
+    importance_by_position,
+    sum_from_first,
     transposed,
 )
+from ggufsmith.quantize.search_affine import make_qkx_quants
 
 BLOCK = 32
 
@@ -62,10 +63,10 @@ def _imatrix_levels(rows: np.ndarray, importance: np.ndarray, nmax: int):
     """(d, min, levels[32, n_blocks]) of quantize_row_q{4,5}_1_impl with quant_weights."""
     n_rows, row_length = rows.shape
     columns = transposed(rows)
-    sigma2 = seq_sum(columns * columns) / F32(row_length)
+    sigma2 = sum_from_first(columns * columns) / F32(row_length)
     # position-major: x[i, block] is element i of each block; the blocks of a row share sigma2.
     x = transposed(rows.reshape(-1, BLOCK))
-    qw = np.tile(transposed(importance.reshape(-1, BLOCK)), (1, n_rows))
+    qw = importance_by_position(importance, BLOCK, n_rows)
     s2 = np.repeat(sigma2, row_length // BLOCK)
     weights = qw * np.sqrt(s2 + x * x)
     scale, the_min, levels = make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, False)
@@ -80,22 +81,22 @@ def _blocks(n_rows: int, d: np.ndarray, low: np.ndarray, *body: np.ndarray) -> n
     return transposed(np.concatenate([header, *body])).reshape(n_rows, -1)
 
 
-@float_exceptions_expected
-def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+def _levels(rows: np.ndarray, importance: np.ndarray | None, nmax: int):
     if importance is None:
-        d, low, levels = _ref_levels(rows, 15)
-    else:
-        d, low, levels = _imatrix_levels(rows, importance, 15)
+        return _ref_levels(rows, nmax)
+    return _imatrix_levels(rows, importance, nmax)
+
+
+@float_warnings_off
+def quantize_q4_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    d, low, levels = _levels(rows, importance, 15)
     qs = levels[:16] | (levels[16:] << 4)
     return _blocks(rows.shape[0], d, low, qs)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def quantize_q5_1(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    if importance is None:
-        d, low, levels = _ref_levels(rows, 31)
-    else:
-        d, low, levels = _imatrix_levels(rows, importance, 31)
+    d, low, levels = _levels(rows, importance, 31)
     qs = (levels[:16] & 0x0F) | ((levels[16:] & 0x0F) << 4)
     # bit j of the little-endian u32 qh is bit 4 of level j: byte k gathers levels 8k .. 8k+7
     fifth = ((levels >> 4) & 1).reshape(4, 8, -1)
@@ -117,14 +118,14 @@ def _dequantize(blocks: np.ndarray, low_nibbles: np.ndarray, high_nibbles: np.nd
     return values.reshape(shape)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q4_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 20)
     qs = blocks[:, 4:]
     return _dequantize(blocks, qs & 0x0F, qs >> 4, (data.shape[0], row_length))
 
 
-@float_exceptions_expected
+@float_warnings_off
 def dequantize_q5_1(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 24)
     qs = blocks[:, 8:]

@@ -15,7 +15,14 @@ import numpy as np
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
-from ggufsmith.quantize.search_symmetric import from_position_major, ieee_quiet, make_qx_quants, to_position_major
+from ggufsmith.quantize.numerics import (
+    float_warnings_off,
+    largest_magnitudes,
+    position_major,
+    signed_max_of_finite,
+    transposed,
+)
+from ggufsmith.quantize.search_symmetric import make_qx_quants
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -26,32 +33,24 @@ HALF = BLOCK // 2
 _JUST_BELOW_HALF = np.float32(0.49999997)
 
 
+def _largest_magnitudes(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numerics.largest_magnitudes of each block of 32, from integer reduceats over the flat data."""
+    flat = blocks.reshape(-1)
+    starts = np.arange(0, flat.size, BLOCK)
+    return largest_magnitudes(
+        np.maximum.reduceat(flat.view(np.int32), starts), np.maximum.reduceat(flat.view(np.uint32), starts)
+    )
+
+
 def _block_abs_max(blocks: np.ndarray) -> np.ndarray:
-    """max |x| of each block of 32. Non-negative floats order as their bit patterns, and an
-    integer reduceat over the flat array is several times faster than a float .max(axis=1)."""
-    magnitudes = (blocks.view(np.uint32) & np.uint32(0x7FFFFFFF)).reshape(-1)
-    starts = np.arange(0, magnitudes.size, BLOCK)
-    return np.maximum.reduceat(magnitudes, starts).view(np.float32)
-
-
-def _any_per_block(mask: np.ndarray) -> np.ndarray:
-    """mask.any(axis=1) for bool[blocks, 32], through 8-byte words."""
-    words = np.ascontiguousarray(mask).view(np.uint64)
-    return (words[:, 0] | words[:, 1] | words[:, 2] | words[:, 3]) != 0
+    """max |x| of each block of 32."""
+    return np.maximum(*_largest_magnitudes(blocks)).view(np.float32)
 
 
 def _block_signed_max(blocks: np.ndarray) -> np.ndarray:
     """The value of largest magnitude in each block, the first one if several, +0.0 for a block of
     zeros: ggml's `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` starting from 0."""
-    amax = _block_abs_max(blocks)
-    positive = _any_per_block(blocks == amax[:, None])
-    negative = _any_per_block(blocks == -amax[:, None])
-    signed = np.where(negative & ~positive, -amax, amax)
-    ties = np.flatnonzero(positive & negative & (amax > 0))
-    if ties.size:
-        first = np.argmax(np.abs(blocks[ties]) == amax[ties, None], axis=1)
-        signed[ties] = blocks[ties, first]
-    return signed
+    return signed_max_of_finite(*_largest_magnitudes(blocks), lambda tied: blocks[tied].T)
 
 
 def _inverse_or_zero(d: np.ndarray) -> np.ndarray:
@@ -66,8 +65,10 @@ def _zero_overflowed_blocks(scaled: np.ndarray, inv: np.ndarray) -> None:
         scaled[overflowed] = 0
 
 
-def _scale_bytes(d: np.ndarray) -> np.ndarray:
-    return d.astype("<f2").view(np.uint8).reshape(-1, 2)
+def _store_scales(out: np.ndarray, d: np.ndarray) -> None:
+    """Write each block's float16 d into the first two bytes of its row of `out`, through a uint16
+    view (one strided element per block is much faster than a 2-byte-wide copy)."""
+    out.view(np.uint16)[:, 0] = d.astype("<f2").view(np.uint16)
 
 
 def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
@@ -80,7 +81,7 @@ def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
 # --- Q8_0: int8 values, d = amax / 127 -----------------------------------------------------------
 
 
-@ieee_quiet
+@float_warnings_off
 def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_rows = rows.shape[0]
     blocks = rows.reshape(-1, BLOCK)
@@ -90,12 +91,12 @@ def _q8_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     _zero_overflowed_blocks(scaled, inv)
     scaled += np.copysign(_JUST_BELOW_HALF, scaled)
     out = np.empty((blocks.shape[0], 2 + BLOCK), dtype=np.uint8)
-    out[:, :2] = _scale_bytes(d)
+    _store_scales(out, d)
     np.copyto(out[:, 2:].view(np.int8), scaled, casting="unsafe")  # truncates, completing roundf
     return out.reshape(n_rows, -1)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q8_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + BLOCK)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)
@@ -126,10 +127,10 @@ def _levels_ref(rows: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 def _levels_weighted(rows: np.ndarray, importance: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q{4,5}_0_impl with quant_weights: make_qx_quants per block."""
     weights = _row_weights(rows, importance)
-    x = to_position_major(rows.reshape(-1, BLOCK))
-    w = to_position_major(weights.reshape(-1, BLOCK))
+    x = position_major(rows, BLOCK)
+    w = position_major(weights, BLOCK)
     d, levels = make_qx_quants(x, 1 << (bits - 1), w)
-    return d, from_position_major(levels)
+    return d, transposed(levels)
 
 
 def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,24 +139,55 @@ def _levels(rows: np.ndarray, importance: np.ndarray | None, bits: int) -> tuple
     return _levels_weighted(rows, importance, bits)
 
 
-@ieee_quiet
+# Levels are packed eight bytes at a time through uint64 views: no level has bits above its width,
+# so shifts never carry into the neighbouring byte.
+_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_LOW_BITS = np.uint64(0x0101010101010101)
+# Multiplying eight 0/1 bytes by this gathers them into the top byte, byte i as bit i.
+_GATHER_BITS = np.uint64(0x0102040810204080)
+
+
+def _pack_nibbles(levels: np.ndarray, out: np.ndarray, mask: bool) -> None:
+    """Byte j of out's rows = (levels[:, j] & 15) | (levels[:, j + 16] & 15) << 4 for levels
+    uint8[blocks, 32] (`mask=False` when every level is below 16 already); out is a uint16[blocks, 8]
+    view, so that the copy moves 2 bytes at a time.
+
+    Word k of a block's 8-byte words pairs with word k + 2; each of the two pairings runs as one
+    long strided loop, much faster than numpy's loops over rows of 2 words."""
+    words = levels.reshape(-1).view(np.uint64)
+    packed = np.empty((levels.shape[0], 2), dtype=np.uint64)
+    for k in (0, 1):
+        high, low = words[2 + k :: 4], words[k::4]
+        if mask:
+            high, low = high & _LOW_NIBBLES, low & _LOW_NIBBLES
+        np.left_shift(high, np.uint64(4), out=packed[:, k])
+        packed[:, k] |= low
+    out[...] = packed.view(np.uint16)
+
+
+@float_warnings_off
 def _q4_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 4)
     out = np.empty((levels.shape[0], 2 + HALF), dtype=np.uint8)
-    out[:, :2] = _scale_bytes(d)
-    levels[:, HALF:] <<= 4
-    np.bitwise_or(levels[:, :HALF], levels[:, HALF:], out=out[:, 2:])
+    _store_scales(out, d)
+    _pack_nibbles(np.ascontiguousarray(levels), out.view(np.uint16)[:, 1:], mask=False)
     return out.reshape(rows.shape[0], -1)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q5_0_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     d, levels = _levels(rows, importance, 5)
+    levels = np.ascontiguousarray(levels)
     out = np.empty((levels.shape[0], 2 + 4 + HALF), dtype=np.uint8)
-    out[:, :2] = _scale_bytes(d)
-    # qh: bit j of the little-endian uint32 is the 5th bit of value j.
-    out[:, 2:6] = np.packbits(levels >> 4, axis=1, bitorder="little")
-    out[:, 6:] = (levels[:, :HALF] & 0x0F) | ((levels[:, HALF:] & 0x0F) << 4)
+    _store_scales(out, d)
+    # qh: bit j of the little-endian uint32 is the 5th bit of value j, so byte k gathers the 5th
+    # bits of values 8k .. 8k+7.
+    fifth = levels.view(np.uint64) >> np.uint64(4)
+    fifth &= _LOW_BITS
+    fifth *= _GATHER_BITS
+    fifth >>= np.uint64(56)
+    out[:, 2:6] = fifth
+    _pack_nibbles(levels, out.view(np.uint16)[:, 3:], mask=True)
     return out.reshape(rows.shape[0], -1)
 
 
@@ -165,7 +197,7 @@ def _signed_values(levels: np.ndarray, d: np.ndarray, offset: int, n_rows: int, 
     return values.reshape(n_rows, row_length)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]
@@ -174,7 +206,7 @@ def _q4_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return _signed_values(levels, d, 8, data.shape[0], row_length)
 
 
-@ieee_quiet
+@float_warnings_off
 def _q5_0_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, 2 + 4 + HALF)
     d = blocks[:, :2].copy().view("<f2").astype(np.float32)[:, 0]

@@ -39,6 +39,9 @@ class QuantFormat:
     dequantize_rows: DequantizeRows
     supports_importance: bool = False  # accepts llama.cpp imatrix weights
     checks_finite: bool = True  # NaN/Inf are rejected (block types); float types keep them
+    # Input elements per quantize_rows call, if not CHUNK_ELEMENTS: for a type whose per-call cost
+    # has a large fixed part (Q3_K's iterative sweeps).
+    chunk_elements: int | None = None
 
     @property
     def block_size(self) -> int:
@@ -112,7 +115,7 @@ def quantize(array: np.ndarray, ggml_type: GGMLType | int | str, importance: np.
             )
     rows = array.reshape(n_rows, row_length)
     out = np.empty((n_rows, fmt.row_bytes(row_length)), dtype=np.uint8)
-    step = max(1, CHUNK_ELEMENTS // max(row_length, 1))
+    step = max(1, (fmt.chunk_elements or CHUNK_ELEMENTS) // max(row_length, 1))
     for start in range(0, n_rows, step):
         chunk = np.ascontiguousarray(rows[start : start + step], dtype=np.float32)
         if fmt.checks_finite and not np.isfinite(chunk).all():

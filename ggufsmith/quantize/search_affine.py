@@ -5,139 +5,40 @@ make_qkx3_quants, make_qp_quants in ggml-quants.c). To be bit-exact with it we r
 float32 arithmetic step for step, but on all blocks of a chunk at once:
 
 * arrays are laid out position-major, shape (n, blocks): row i holds element i of every block, so
-  a sum over a block's positions is a chain of whole-row additions in C's order (`seq_sum`);
+  a sum over a block's positions is a chain of whole-row additions in C's order (numerics.sum_from_first);
 * a block leaves a search early in C; here every block runs every step and masks decide which
   results are kept, which gives the same values because the skipped steps never feed back;
 * C's `nearest_int` (the 12582912.f trick) is emulated on the float's bits, so even values out
   of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml; where a
   bound proves every value is within that range, np.rint (also round-half-even) does it faster.
 
-All arithmetic stays float32: Python floats are turned into np.float32 before they meet arrays.
-No fused multiply-add is emulated: ggml-quants.c is built into libggml-base for the baseline
-x86-64 target (no -march=native, so no FMA instructions), and every `a*b + c` there rounds twice,
-as numpy does. The searches run on batches of SEARCH_BATCH_ELEMENTS inputs so their temporaries
+All arithmetic stays float32, without fused multiply-add (see numerics.py). The searches run on batches of SEARCH_BATCH_ELEMENTS inputs so their temporaries
 stay in cache; callers hold a few arrays of the registry's chunk size (~1M elements).
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-F32 = np.float32
-GROUP_MAX_EPS = F32(1e-15)
-_MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it leaves the rounded integer in the mantissa
-
-
-def float_exceptions_expected(function):
-    """Run `function` with numpy's float warnings off: like the C we copy, degenerate blocks (huge,
-    subnormal, all zero) produce inf and NaN on the way to a well-defined result."""
-
-    @functools.wraps(function)
-    def quiet(*args, **kwargs):
-        with np.errstate(all="ignore"):
-            return function(*args, **kwargs)
-
-    return quiet
-
-
-def nearest_int(values: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int on float32 values: round half to even through the mantissa, as int32."""
-    bits = (np.asarray(values, dtype=F32) + _MAGIC).view(np.int32)
-    bits &= 0x007FFFFF
-    bits -= 0x00400000
-    return bits
-
-
-def nearest_int_clipped(values: np.ndarray, low: int, high: int) -> np.ndarray:
-    """MAX(low, MIN(high, nearest_int(values))) as float32 (exact small integers)."""
-    bits = (np.asarray(values, dtype=F32) + _MAGIC).view(np.int32)
-    bits &= 0x007FFFFF
-    np.clip(bits, 0x00400000 + low, 0x00400000 + high, out=bits)
-    bits -= 0x00400000
-    return bits.astype(F32)
-
-
-def seq_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 in C loop order: ((t0 + t1) + t2) + ...
-
-    numpy reduces a non-innermost axis of a C-contiguous array one row at a time, which is that
-    order; with a single column the reduced axis becomes innermost and numpy would sum pairwise,
-    so few columns go through an explicit loop.
-    """
-    terms = np.ascontiguousarray(terms)
-    if terms.ndim == 1 or terms.shape[1] < 8:
-        total = terms[0].copy()
-        for row in terms[1:]:
-            total += row
-        return total
-    return np.add.reduce(terms, axis=0)
-
-
-def aligned_empty(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
-    """An uninitialized array starting on a 64-byte boundary. numpy only guarantees 16 bytes, and
-    its AVX-512 loops run about twice as fast when their output is cache-line aligned."""
-    dtype = np.dtype(dtype)
-    n_bytes = int(np.prod(shape)) * dtype.itemsize
-    raw = np.empty(n_bytes + 64, dtype=np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start : start + n_bytes].view(dtype).reshape(shape)
-
-
-def aligned_copy(a: np.ndarray, dtype=F32) -> np.ndarray:
-    out = aligned_empty(a.shape, dtype)
-    out[...] = a
-    return out
-
-
-def transposed(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of a 2-D array's transpose.
-
-    numpy copies a transposed view element by element in source order, writing a whole cache
-    line per element; going tile by tile keeps both sides in cache and is ~5x faster here.
-    """
-    n_rows, n_cols = a.shape
-    out = aligned_empty((n_cols, n_rows), a.dtype)
-    tile_cols = min(n_cols, 64)
-    tile_rows = max(32, 4096 // tile_cols)
-    for r in range(0, n_rows, tile_rows):
-        for c in range(0, n_cols, tile_cols):
-            out[c : c + tile_cols, r : r + tile_rows] = a[r : r + tile_rows, c : c + tile_cols].T
-    return out
-
-
-def first_min(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Minimum along `axis` as C's `if (v < min) min = v` loop finds it: for a zero minimum the
-    sign is that of the first zero, since -0.0 < 0.0 is false."""
-    low = np.minimum.reduce(x, axis=axis)
-    _first_zero_sign(x, low, axis)
-    return low
-
-
-def first_max(x: np.ndarray, axis: int = 0) -> np.ndarray:
-    """Maximum along `axis` with `if (v > max) max = v`: a zero maximum keeps the first zero's sign."""
-    high = np.maximum.reduce(x, axis=axis)
-    _first_zero_sign(x, high, axis)
-    return high
-
-
-def _first_zero_sign(x: np.ndarray, extreme: np.ndarray, axis: int) -> None:
-    zero = np.flatnonzero(extreme == 0)
-    if zero.size:
-        lanes = np.moveaxis(x, axis, 0)[:, zero]
-        first = np.argmax(lanes == 0, axis=0)
-        extreme[zero] = lanes[first, np.arange(zero.size)]
-
+from ggufsmith.quantize.numerics import (
+    F32,
+    GROUP_MAX_EPS,
+    NEAREST_INT_EXACT,
+    aligned_copy,
+    aligned_empty,
+    first_min,
+    float_warnings_off,
+    nearest_int,
+    nearest_int_clipped,
+    sum_from_first,
+)
 
 # Blocks searched together: small enough that the search's arrays stay in the CPU's L2 cache,
 # large enough that numpy's per-call overhead is amortized.
 SEARCH_BATCH_ELEMENTS = 1 << 16
-# nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
-_NEAREST_INT_EXACT = F32(4194303)
 
 
-@float_exceptions_expected
+@float_warnings_off
 def make_qkx_quants(
     x: np.ndarray,
     weights: np.ndarray,
@@ -173,8 +74,8 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     low = first_min(x)
     high = np.maximum.reduce(x, axis=0)
     lowest = low.copy()  # the data's minimum, for bounding |x - min| below
-    sum_w = seq_sum(w)
-    sum_x = seq_sum(w * x)
+    sum_w = sum_from_first(w)
+    sum_x = sum_from_first(w * x)
     low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
     flat = high == low
     flat_min = low[flat]
@@ -191,7 +92,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
         # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
         reach = np.maximum(high - low, low - lowest) * np.abs(iscale)
-        if (reach[live] <= _NEAREST_INT_EXACT).all():
+        if (reach[live] <= NEAREST_INT_EXACT).all():
             np.rint(out, out=out)
             np.clip(out, 0, fnmax, out=out)
         else:
@@ -208,7 +109,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         else:
             np.multiply(diff, diff, out=diff)
         diff *= w
-        return seq_sum(diff)
+        return sum_from_first(diff)
 
     iscale = fnmax / (high - low)
     scale = F32(1) / iscale
@@ -219,9 +120,9 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
             trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
             trial = levels_into(buf, trial_iscale, low)
             wl = np.multiply(w, trial, out=tmp)
-            sum_l = seq_sum(wl)
-            sum_l2 = seq_sum(np.multiply(wl, trial, out=tmp2))
-            sum_xl = seq_sum(np.multiply(wl, x, out=tmp2))
+            sum_l = sum_from_first(wl)
+            sum_l2 = sum_from_first(np.multiply(wl, trial, out=tmp2))
+            sum_xl = sum_from_first(np.multiply(wl, x, out=tmp2))
             det = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
@@ -246,7 +147,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
 
 
-@float_exceptions_expected
+@float_warnings_off
 def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """make_qp_quants on x[n, blocks] (non-negative per-sub-block scales or mins of super-blocks).
 
@@ -270,13 +171,13 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
         first_levels = (nearest_int(iscale * x) & 0xFF).astype(F32)
         scale = F32(1) / iscale
         diff = x - scale * first_levels
-        best_mse = seq_sum(qw * diff * diff)
+        best_mse = sum_from_first(qw * diff * diff)
         for trial in (-4, -3, -2, -1, 1, 2, 3, 4):
             trial_iscale = (F32(0.1) * F32(trial) + fnmax) / high
             trial_scale = F32(1) / trial_iscale
             levels = np.minimum(nearest_int(trial_iscale * x), nmax).astype(F32)
             diff = x - trial_scale * levels
-            mse = seq_sum(qw * diff * diff)
+            mse = sum_from_first(qw * diff * diff)
             better = mse < best_mse
             best_mse = np.where(better, mse, best_mse)
             iscale = np.where(better, trial_iscale, iscale)
@@ -285,8 +186,8 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
         levels_u8 = levels_int & 0xFF  # what C's uint8_t L[] holds
         levels_f = levels_int.astype(F32)  # what C adds to the sums (the int before the store)
         wx = qw * x
-        sumlx = seq_sum(wx * levels_f)
-        suml2 = seq_sum(qw * levels_f * levels_f)
+        sumlx = sum_from_first(wx * levels_f)
+        suml2 = sum_from_first(qw * levels_f * levels_f)
 
         for _ in range(5):
             changed = np.zeros(x.shape[1], dtype=bool)
@@ -314,14 +215,3 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
     result = np.where(all_zero, F32(0), result).astype(F32)
     levels_u8[:, all_zero] = 0
     return result, levels_u8
-
-
-def fp16_bits(values: np.ndarray) -> np.ndarray:
-    """GGML_FP32_TO_FP16 as uint16 bits: round to nearest even, overflow to inf (as numpy does)."""
-    with np.errstate(over="ignore"):
-        return np.asarray(values, dtype=F32).astype(np.float16).view(np.uint16)
-
-
-def fp16_value(bits: np.ndarray) -> np.ndarray:
-    """GGML_FP16_TO_FP32 of uint16 bits (exact)."""
-    return np.asarray(bits, dtype=np.uint16).view(np.float16).astype(F32)

@@ -1,118 +1,32 @@
 """The scale searches of ggml's symmetric quantizers, run on many groups at once.
 
 ggml quantizes one group of 16 or 32 values at a time, in C, with float32 sums accumulated in
-order. Here every function takes the groups *position-major*: `x[k]` is the k-th value of every
-group, a contiguous vector over all groups. A sum over a group is then a reduction over axis 0,
-which numpy performs as an outer loop over positions with a vector accumulator: ggml's exact
-summation order (np.sum over the last axis would sum pairwise and round differently).
-
-ggml-quants.c is compiled without FMA contraction (x86-64 baseline, no -ffast-math), so every
-`a*b + c` below is two roundings, as numpy does it.
+order. Here every function takes the groups position-major (see numerics.py), all at once.
 
 Speed: make_qx_quants tries 19 scales per group, ~8 passes over the data each, so it works on tiles
-of TILE_GROUPS groups whose buffers stay in the CPU's L2 cache, reused across candidates. Choices
-between candidates use a bitwise select, because np.where with an unpredictable mask is an order
-of magnitude slower than arithmetic.
+of TILE_GROUPS groups whose buffers stay in the CPU's L2 cache, reused across candidates. Buffers
+are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-# ggml treats a group whose largest magnitude is below this as all zero.
-GROUP_MAX_EPS = np.float32(1e-15)
+from ggufsmith.quantize.numerics import (
+    GROUP_MAX_EPS,
+    ROUNDING_MAGIC,
+    aligned_copy,
+    aligned_empty,
+    nearest_int,
+    signed_max_abs,
+    sum_from_zero,
+)
 
 # Groups per tile in make_qx_quants: 16 x 4096 float32 = 256 KiB per buffer, five buffers.
 TILE_GROUPS = 4096
 # make_q3_quants' sweeps work on vectors of one value per group: longer tiles amortize the
 # ~600 numpy calls of a sweep, while 16 x 16384 float32 buffers still stay in L2.
 Q3_TILE_GROUPS = 16384
-
-_ROUNDING_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
-_ZERO = np.float32(0)
-_TRANSPOSE_SLICE = 256
-
-
-def ieee_quiet(func):
-    """Run a row function with numpy's float warnings off: for extreme inputs ggml's float32 math
-    overflows to Inf and makes NaN (e.g. 1/d of a subnormal d, x*x of a huge x), and we reproduce
-    that rather than warn about it."""
-
-    @functools.wraps(func)
-    def quiet(*args):
-        with np.errstate(all="ignore"):
-            return func(*args)
-
-    return quiet
-
-
-def nearest_int(values: np.ndarray) -> np.ndarray:
-    """ggml's nearest_int, bit for bit: round half to even through the float32 magic-number add.
-
-    Equal to np.rint for |values| < 2**22; beyond that (and for NaN/Inf) it wraps as the C code does.
-    """
-    bits = (values.astype(np.float32, copy=False) + _ROUNDING_MAGIC).view(np.int32)
-    return (bits & 0x007FFFFF) - 0x00400000
-
-
-def select(mask: np.ndarray, if_true: np.ndarray, if_false: np.ndarray) -> np.ndarray:
-    """np.where(mask, if_true, if_false) for float32 arrays of one shape, bit for bit, but fast."""
-    true_bits = if_true.view(np.uint32)
-    false_bits = if_false.view(np.uint32)
-    return (((true_bits ^ false_bits) & np.negative(mask, dtype=np.uint32)) ^ false_bits).view(np.float32)
-
-
-def signed_max_abs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(largest |x|, the x that has it) per group along axis 0; the first of equal magnitudes wins,
-    a group of zeros gives +0.0, and NaN never wins (a scale can be NaN after float32 overflow), as
-    ggml's `if (ax > amax) { amax = ax; max = x; }` starting from 0."""
-    amax = np.fmax.reduce(np.abs(x), axis=0)  # fmax skips NaN
-    amax[~(amax > 0)] = 0
-    # np.argmax over axis 0 is slow; the sign is all we need, and only a tie between +amax and
-    # -amax in one group needs to know which came first.
-    positive = np.logical_or.reduce(x == amax, axis=0)
-    negative = np.logical_or.reduce(x == -amax, axis=0)
-    signed = np.where(negative & ~positive, -amax, amax)
-    ties = np.flatnonzero(positive & negative & (amax > 0))
-    if ties.size:
-        tied = x[:, ties]
-        first = np.argmax(np.abs(tied) == amax[ties], axis=0)
-        signed[ties] = tied[first, np.arange(ties.size)]
-    return amax, signed
-
-
-def to_position_major(groups: np.ndarray) -> np.ndarray:
-    """float32[groups, n] -> contiguous float32[n, groups]. Transposed in slices that stay in cache,
-    which is several times faster than one np.ascontiguousarray(groups.T)."""
-    out = np.empty(groups.shape[::-1], dtype=groups.dtype)
-    for start in range(0, groups.shape[0], _TRANSPOSE_SLICE):
-        out[:, start : start + _TRANSPOSE_SLICE] = groups[start : start + _TRANSPOSE_SLICE].T
-    return out
-
-
-def from_position_major(by_position: np.ndarray) -> np.ndarray:
-    """The inverse of to_position_major."""
-    out = np.empty(by_position.shape[::-1], dtype=by_position.dtype)
-    for start in range(0, by_position.shape[1], _TRANSPOSE_SLICE):
-        out[start : start + _TRANSPOSE_SLICE] = by_position[:, start : start + _TRANSPOSE_SLICE].T
-    return out
-
-
-def ordered_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`.
-
-    For a C-contiguous [n, groups >= 2] array numpy's reduce adds whole rows in order. With one
-    group the array is effectively 1-D and numpy sums it pairwise, which rounds differently: then
-    (and for any other layout) add the rows one by one.
-    """
-    if terms.ndim == 2 and terms.shape[1] >= 2 and terms.flags.c_contiguous:
-        return np.add.reduce(terms, axis=0, initial=_ZERO)
-    total = np.zeros(terms.shape[1:], dtype=np.float32)
-    for row in terms:
-        total += row
-    return total
 
 
 def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:
@@ -146,31 +60,32 @@ def make_qx_quants(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tupl
     levels = np.empty((n, n_groups), dtype=np.uint8)
     for start in range(0, n_groups, TILE_GROUPS):
         tile = slice(start, start + TILE_GROUPS)
-        tile_weights = None if weights is None else np.ascontiguousarray(weights[:, tile])
-        scale[tile], levels[:, tile] = _make_qx_quants_tile(np.ascontiguousarray(x[:, tile]), nmax, tile_weights)
+        tile_weights = None if weights is None else aligned_copy(weights[:, tile])
+        scale[tile], levels[:, tile] = _make_qx_quants_tile(aligned_copy(x[:, tile]), nmax, tile_weights)
     return scale, levels
 
 
 def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(all="ignore"):  # all-zero groups divide by zero; they are overwritten below
+        # Cache-line aligned buffers: numpy's AVX-512 loops are much faster on them.
         if weights is None:
-            weights = x * x
-        weighted_x = weights * x
-        amax, signed_max = signed_max_abs(x)
+            weights = np.multiply(x, x, out=aligned_empty(x.shape))
+        weighted_x = np.multiply(weights, x, out=aligned_empty(x.shape))
         finite = bool(np.isfinite(x).all())
-        levels = np.empty_like(x)
-        terms = np.empty_like(x)
+        amax, signed_max = signed_max_abs(x, finite)
+        levels = aligned_empty(x.shape)
+        terms = aligned_empty(x.shape)
 
         def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             _clamped_levels(iscale, x, nmax, finite, out=levels)
-            sum_lx = ordered_sum(np.multiply(weighted_x, levels, out=terms))
+            sum_lx = sum_from_zero(np.multiply(weighted_x, levels, out=terms))
             np.multiply(weights, levels, out=terms)
-            sum_l2 = ordered_sum(np.multiply(terms, levels, out=terms))
+            sum_l2 = sum_from_zero(np.multiply(terms, levels, out=terms))
             return sum_lx, sum_l2
 
         best_iscale = np.float32(-nmax) / signed_max
         sum_lx, sum_l2 = sums(best_iscale)
-        scale = select(sum_l2 != 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
+        scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
         for step in range(-9, 10):
             if step == 0:
@@ -181,9 +96,9 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             if not better.any():
                 continue
             # ggml recomputes the levels from the winning iscale; so do we, once, at the end.
-            best_iscale = select(better, iscale, best_iscale)
-            scale = select(better, sum_lx / sum_l2, scale)
-            best = select(better, scale * sum_lx, best)
+            best_iscale = np.where(better, iscale, best_iscale)
+            scale = np.where(better, sum_lx / sum_l2, scale)
+            best = np.where(better, scale * sum_lx, best)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
@@ -201,28 +116,22 @@ def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     in 0 .. 2*nmax-1); all-zero groups get scale 0 and levels 0, as in ggml.
     """
     n, n_groups = x.shape
-    scale = np.empty(n_groups, dtype=np.float32)
-    levels = np.empty((n, n_groups), dtype=np.uint8)
-    for start in range(0, n_groups, Q3_TILE_GROUPS):
-        tile = slice(start, start + Q3_TILE_GROUPS)
-        scale[tile], levels[:, tile] = _make_q3_quants_tile(np.ascontiguousarray(x[:, tile]), nmax)
-    return scale, levels
-
-
-def _make_q3_quants_tile(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    amax = np.empty(n_groups, dtype=np.float32)
+    levels = np.empty((n, n_groups), dtype=np.float32)
+    sum_lx = np.empty(n_groups, dtype=np.float32)
+    sum_l2 = np.empty(n_groups, dtype=np.float32)
+    changed = np.empty(n_groups, dtype=bool)
     with np.errstate(all="ignore"):
-        amax, signed_max = signed_max_abs(x)
-        iscale = np.float32(-nmax) / signed_max
-        levels = _clamped_levels(iscale, x, nmax, finite=True)
-        weights = x * x
-        weighted_x = weights * x
-        sum_lx = ordered_sum(weighted_x * levels)
-        sum_l2 = ordered_sum(weights * levels * levels)
-
+        # The first sweep moves values in ~20% of the groups; it runs tile by tile, from cache.
+        for start in range(0, n_groups, Q3_TILE_GROUPS):
+            tile = slice(start, start + Q3_TILE_GROUPS)
+            amax[tile], levels[:, tile], sum_lx[tile], sum_l2[tile], changed[tile] = _q3_first_sweep(
+                np.ascontiguousarray(x[:, tile]), nmax
+            )
         # A sweep that changes nothing leaves the state as it was, so later sweeps would change
         # nothing either: ggml's early exit only saves time, and dropping settled groups is exact.
-        # All-zero groups are swept too (cheaper than skipping them) and reset below.
-        changed = _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax)
+        # The later sweeps run on the unsettled groups of all tiles together: they are few, and a
+        # sweep costs ~400 numpy calls whatever its size.
         active = np.flatnonzero(changed)
         for _ in range(4):
             if active.size == 0:
@@ -234,12 +143,27 @@ def _make_q3_quants_tile(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
             levels[:, active], sum_lx[active], sum_l2[active] = levels_sub, lx_sub, l2_sub
             active = active[changed]
 
-        scale = select(sum_l2 > 0, sum_lx / sum_l2, np.zeros_like(sum_lx))
+        scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
         scale[all_zero] = 0
         out = (levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
+
+
+def _q3_first_sweep(x: np.ndarray, nmax: int):
+    """Start values (levels from -nmax/max, their sums) and the first sweep, for one tile of groups.
+    Returns (amax, levels, sum_lx, sum_l2, changed). All-zero groups are swept too (cheaper than
+    skipping them); the caller resets them."""
+    amax, signed_max = signed_max_abs(x, finite=True)  # quantized data: the registry checked it
+    iscale = np.float32(-nmax) / signed_max
+    levels = _clamped_levels(iscale, x, nmax, finite=True)
+    weights = x * x
+    weighted_x = weights * x
+    sum_lx = sum_from_zero(weighted_x * levels)
+    sum_l2 = sum_from_zero(weights * levels * levels)
+    changed = _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax)
+    return amax, levels, sum_lx, sum_l2, changed
 
 
 def _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax: int) -> np.ndarray:
@@ -266,7 +190,7 @@ def _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax: int) -> np.n
         # new = clamp(nearest_int(x * sl2 / slx)), nearest_int through the float32 magic add
         np.multiply(x[i], sl2, out=t1)
         t1 /= slx
-        t1 += _ROUNDING_MAGIC
+        t1 += ROUNDING_MAGIC
         t1_bits &= 0x007FFFFF
         t1_bits -= 0x00400000
         np.copyto(new, t1_bits, casting="unsafe")

@@ -10,6 +10,7 @@ from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
 from .hf_files import ADDED_TOKENS, TokenizerFiles, read_json
+from .sentencepiece_model import ModelProto, parse_model_proto
 from .vocab import ADDED_TOKEN_SCORE, Vocabulary, added_token_type
 
 log = logging.getLogger(__name__)
@@ -21,24 +22,11 @@ _SP_PIECE_TYPES = {int(t): t for t in TokenType}
 _WHITESPACE_MARK = "\u2581"  # SentencePiece's visible space
 
 
-def _model_pb2(path: Path) -> Any:
+def load_model_proto(path: Path) -> ModelProto:
+    """Parse tokenizer.model (a SentencePiece ModelProto; read without the sentencepiece package)."""
     try:
-        from sentencepiece import sentencepiece_model_pb2
-    except ImportError as e:
-        raise TokenizerError(
-            f"{path}: reading a SentencePiece model needs the sentencepiece and protobuf packages "
-            "(pip install 'ggufsmith[tokenizers]')"
-        ) from e
-    return sentencepiece_model_pb2
-
-
-def load_model_proto(path: Path) -> Any:
-    """Parse tokenizer.model with the protobuf schema the sentencepiece package ships."""
-    sentencepiece_model_pb2 = _model_pb2(path)
-    proto = sentencepiece_model_pb2.ModelProto()
-    try:
-        proto.ParseFromString(path.read_bytes())
-    except Exception as e:  # protobuf raises its own DecodeError; any failure means "not a model"
+        proto = parse_model_proto(path.read_bytes())
+    except ValueError as e:
         raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
     if not proto.pieces:
         raise TokenizerError(f"{path}: not a SentencePiece model (no pieces)")
@@ -46,9 +34,7 @@ def load_model_proto(path: Path) -> Any:
 
 
 def is_sentencepiece_model(path: Path) -> bool:
-    """True if `path` parses as a SentencePiece model (a tiktoken file may use the same name).
-    Raises TokenizerError if the sentencepiece package needed to tell is missing."""
-    _model_pb2(path)
+    """True if `path` parses as a SentencePiece model (a tiktoken file may use the same name)."""
     try:
         load_model_proto(path)
     except TokenizerError:

@@ -1,0 +1,245 @@
+"""Float32 building blocks for reproducing ggml-quants.c's arithmetic bit for bit in numpy.
+
+Shared by every quantizer family. Groups (blocks, sub-blocks) are handled *position-major*:
+`x[k]` is the k-th value of every group, a contiguous vector over all groups. A sum over a group
+is then a reduction over axis 0, which numpy performs as an outer loop over positions with a
+vector accumulator: ggml's sequential summation order (np.sum over the last axis would sum
+pairwise and round differently).
+
+ggml-quants.c is compiled into libggml-base for the baseline x86-64 target (no -march=native, no
+FMA, no -ffast-math), so every `a*b + c` there rounds twice, as numpy does; nothing here emulates
+a fused multiply-add. All arithmetic stays float32: Python floats become np.float32 before they
+meet arrays, to avoid float64 promotion.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+F32 = np.float32
+# ggml treats a group whose largest magnitude is below this as all zero.
+GROUP_MAX_EPS = F32(1e-15)
+# 1.5 * 2**23: adding it to a float32 leaves round-half-even(x) in the low mantissa bits.
+ROUNDING_MAGIC = F32(12582912.0)
+# nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
+NEAREST_INT_EXACT = F32(4194303)
+_ZERO = F32(0)
+_TRANSPOSE_SLICE = 256
+
+
+def float_warnings_off(function):
+    """Run `function` with numpy's float warnings off: for degenerate inputs (huge, subnormal, all
+    zero) ggml's float32 math overflows to Inf and makes NaN on the way to a well-defined result,
+    and we reproduce that rather than warn about it."""
+
+    @functools.wraps(function)
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return function(*args, **kwargs)
+
+    return quiet
+
+
+# ---------------------------------------------------------------- rounding
+
+
+def nearest_int(values: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int, bit for bit, as int32: round half to even through the float32
+    magic-number add. Equal to np.rint for |values| <= 2**22; beyond that (and for NaN/Inf) it
+    wraps as the C code does."""
+    bits = (np.asarray(values, dtype=F32) + ROUNDING_MAGIC).view(np.int32)
+    bits &= 0x007FFFFF
+    bits -= 0x00400000
+    return bits
+
+
+def nearest_int_clipped(values: np.ndarray, low: int, high: int) -> np.ndarray:
+    """MAX(low, MIN(high, nearest_int(values))) as float32 (exact small integers)."""
+    bits = (np.asarray(values, dtype=F32) + ROUNDING_MAGIC).view(np.int32)
+    bits &= 0x007FFFFF
+    np.clip(bits, 0x00400000 + low, 0x00400000 + high, out=bits)
+    bits -= 0x00400000
+    return bits.astype(F32)
+
+
+def fp16_bits(values: np.ndarray) -> np.ndarray:
+    """GGML_FP32_TO_FP16 as uint16 bits: round to nearest even, overflow to inf (as numpy does)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=F32).astype(np.float16).view(np.uint16)
+
+
+def fp16_value(bits: np.ndarray) -> np.ndarray:
+    """GGML_FP16_TO_FP32 of uint16 bits (exact)."""
+    return np.asarray(bits, dtype=np.uint16).view(np.float16).astype(F32)
+
+
+def fp16_round_trip(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float16 bytes as uint8[..., 2], the float32 value they decode to)."""
+    half = fp16_bits(values)
+    return half.view(np.uint8).reshape(*half.shape, 2), half.view(np.float16).astype(F32)
+
+
+# ---------------------------------------------------------------- sums in C order
+
+
+def sum_from_zero(terms: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`.
+
+    For a C-contiguous [n, groups >= 2] array numpy's reduce adds whole rows in order. With one
+    group the array is effectively 1-D and numpy sums it pairwise, which rounds differently: then
+    (and for any other layout) add the rows one by one.
+    """
+    if terms.ndim == 2 and terms.shape[1] >= 2 and terms.flags.c_contiguous:
+        return np.add.reduce(terms, axis=0, initial=_ZERO)
+    total = np.zeros(terms.shape[1:], dtype=F32)
+    for row in terms:
+        total += row
+    return total
+
+
+def sum_from_first(terms: np.ndarray) -> np.ndarray:
+    """Sum over axis 0 in C order starting from the first term: ((t0 + t1) + t2) + ..., as
+    ggml's `s = t[0]; for (i = 1; ...) s += t[i]`. Differs from sum_from_zero only in the sign of
+    a zero total (0 + -0 is +0)."""
+    terms = np.ascontiguousarray(terms)
+    if terms.ndim == 1 or terms.shape[1] < 8:
+        total = terms[0].copy()
+        for row in terms[1:]:
+            total += row
+        return total
+    return np.add.reduce(terms, axis=0)
+
+
+# ---------------------------------------------------------------- extremes with C's tie rules
+
+
+def largest_magnitudes(top_signed: np.ndarray, top_unsigned: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, (largest |x| among its non-negative values, among its negative values) as int32
+    float32 bit patterns, -1 where the group has no such value, from the group's maxima over the
+    int32 view (`top_signed`) and over the uint32 view (`top_unsigned`) of finite float32 values.
+
+    A float's bits order as its magnitude within each sign: as int32 the non-negative values are
+    the non-negative ints, as uint32 the negative values are those >= 2**31. Two integer max
+    reductions need no elementwise pass over the data and are several times faster than
+    float ones. (NaN would win them: finite data only.)"""
+    positive = np.maximum(top_signed, -1)
+    negative = top_unsigned.view(np.int32).copy()
+    # a group without negative values has its largest as uint32 below 2**31: non-negative as int32
+    has_negative = negative < 0
+    negative &= 0x7FFFFFFF
+    negative[~has_negative] = -1
+    return positive, negative
+
+
+def signed_max_of_finite(positive: np.ndarray, negative: np.ndarray, lanes_of) -> np.ndarray:
+    """The value of largest magnitude per group, from largest_magnitudes: the first one if +amax and
+    -amax both occur, +0.0 for a group of zeros (ggml's `if (amax < fabsf(v)) {...}` from 0).
+    `lanes_of(groups)` gives those groups' values as [position, group], to find which came first."""
+    amax = np.maximum(positive, negative)
+    # a group of zeros (any signs) gives +0.0: -0.0 never passes `amax < fabsf(v)`
+    signed = (amax | ((negative > np.maximum(positive, 0)).astype(np.int32) << 31)).view(F32)
+    ties = np.flatnonzero((positive == negative) & (amax > 0))
+    if ties.size:
+        tied = lanes_of(ties)
+        first = np.argmax(np.abs(tied) == amax[ties].view(F32), axis=0)
+        signed[ties] = tied[first, np.arange(ties.size)]
+    return signed
+
+
+def signed_max_abs(x: np.ndarray, finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(largest |x|, the x that has it) per group along axis 0; the first of equal magnitudes wins,
+    a group of zeros gives +0.0, and NaN never wins (a scale can be NaN after float32 overflow), as
+    ggml's `if (ax > amax) { amax = ax; max = x; }` starting from 0. `finite=True` promises no
+    NaN or Inf in x, which allows a faster way."""
+    if finite:
+        positive, negative = largest_magnitudes(
+            np.maximum.reduce(x.view(np.int32), axis=0), np.maximum.reduce(x.view(np.uint32), axis=0)
+        )
+        return np.maximum(positive, negative).view(F32), signed_max_of_finite(positive, negative, lambda g: x[:, g])
+    amax = np.fmax.reduce(np.abs(x), axis=0)  # fmax skips NaN
+    amax[~(amax > 0)] = 0
+    # np.argmax over axis 0 is slow; the sign is all we need, and only a tie between +amax and
+    # -amax in one group needs to know which came first.
+    positive = np.logical_or.reduce(x == amax, axis=0)
+    negative = np.logical_or.reduce(x == -amax, axis=0)
+    signed = np.where(negative & ~positive, -amax, amax)
+    ties = np.flatnonzero(positive & negative & (amax > 0))
+    if ties.size:
+        tied = x[:, ties]
+        first = np.argmax(np.abs(tied) == amax[ties], axis=0)
+        signed[ties] = tied[first, np.arange(ties.size)]
+    return amax, signed
+
+
+def first_min(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Minimum along `axis` as C's `if (v < min) min = v` loop finds it: for a zero minimum the
+    sign is that of the first zero, since -0.0 < 0.0 is false."""
+    low = np.minimum.reduce(x, axis=axis)
+    _first_zero_sign(x, low, axis)
+    return low
+
+
+def first_max(x: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Maximum along `axis` with `if (v > max) max = v`: a zero maximum keeps the first zero's sign."""
+    high = np.maximum.reduce(x, axis=axis)
+    _first_zero_sign(x, high, axis)
+    return high
+
+
+def _first_zero_sign(x: np.ndarray, extreme: np.ndarray, axis: int) -> None:
+    zero = np.flatnonzero(extreme == 0)
+    if zero.size:
+        lanes = np.moveaxis(x, axis, 0)[:, zero]
+        first = np.argmax(lanes == 0, axis=0)
+        extreme[zero] = lanes[first, np.arange(zero.size)]
+
+
+# ---------------------------------------------------------------- memory layout
+
+
+def aligned_empty(shape: tuple[int, ...], dtype=F32) -> np.ndarray:
+    """An uninitialized array starting on a 64-byte boundary. numpy only guarantees 16 bytes, and
+    its AVX-512 loops run about twice as fast when their output is cache-line aligned."""
+    dtype = np.dtype(dtype)
+    n_bytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n_bytes + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + n_bytes].view(dtype).reshape(shape)
+
+
+def aligned_copy(a: np.ndarray, dtype=F32) -> np.ndarray:
+    out = aligned_empty(a.shape, dtype)
+    out[...] = a
+    return out
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous, cache-line aligned copy of a 2-D array's transpose.
+
+    numpy copies a transposed view element by element in source order, writing a whole cache
+    line per element; going in slices of _TRANSPOSE_SLICE along the long axis keeps both sides in
+    cache and is several times faster.
+    """
+    n_rows, n_cols = a.shape
+    out = aligned_empty((n_cols, n_rows), a.dtype)
+    if n_rows >= n_cols:
+        for start in range(0, n_rows, _TRANSPOSE_SLICE):
+            out[:, start : start + _TRANSPOSE_SLICE] = a[start : start + _TRANSPOSE_SLICE].T
+    else:
+        for start in range(0, n_cols, _TRANSPOSE_SLICE):
+            out[start : start + _TRANSPOSE_SLICE] = a[:, start : start + _TRANSPOSE_SLICE].T
+    return out
+
+
+def position_major(rows: np.ndarray, group: int) -> np.ndarray:
+    """float32[n_rows, row_length] -> [group, n_groups]: x[i, g] is element i of group g, groups
+    numbered in memory order over all rows."""
+    return transposed(rows.reshape(-1, group))
+
+
+def importance_by_position(importance: np.ndarray, group: int, n_rows: int) -> np.ndarray:
+    """The imatrix weight (one per column) of every value, laid out as position_major(rows, group)
+    lays out the rows: group g of row r uses importance[(g % groups_per_row) * group + i]."""
+    return np.tile(transposed(importance.reshape(-1, group)), (1, n_rows))
