@@ -20,10 +20,12 @@ import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
-from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, GGMLType, Keys
 from ggufsmith.converters.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, outtype_of, plan_tensor
+from ggufsmith.converters.gguf_source import GGUFTensor
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
+from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -64,8 +66,16 @@ def make_plan(
     *,
     model_name: str | None = None,
     with_tokenizer: bool = True,
+    quantize_request: QuantizeRequest | None = None,
 ) -> ConversionPlan:
-    """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet."""
+    """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet.
+
+    A preset outtype (q4_k_m, q4_0, ...) plans the F32 conversion, then what llama-quantize makes
+    of that file; `quantize_request` carries llama-quantize's options (default: the preset's)."""
+    if is_preset_outtype(outtype) or quantize_request is not None:
+        request = quantize_request or QuantizeRequest(outtype)
+        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
     mapped = plugin.map_tensors(checkpoint.tensors)
@@ -96,20 +106,29 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
-    if not isinstance(tensor, RowSlicedTensor) or len(tensor.shape) < 2:
-        yield (lambda: _encode(t, tensor.load)), t.nbytes
+    if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
+        # already of the type wanted: its bytes are copied as they are, as llama-quantize does
+        yield from _row_slices(t, tensor.raw_rows)
         return
-    bf16_to_f16 = tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None
-    row_length = tensor.shape[-1]
-    step = max(1, SLICE_ELEMENTS // row_length)
-    row_bytes = t.nbytes // tensor.n_rows if tensor.n_rows else 0
-    for start in range(0, max(tensor.n_rows, 1), step):
-        stop = min(start + step, tensor.n_rows)
-        if bf16_to_f16:
-            unit = lambda start=start, stop=stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop)))
-        else:
-            unit = lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))
-        yield unit, (stop - start) * row_bytes
+    if not isinstance(tensor, RowSlicedTensor) or len(tensor.shape) < 2:
+        yield (lambda: _encode(t, tensor.load, 0)), t.nbytes
+        return
+    if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
+        yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
+    else:
+        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
+
+
+def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+    """(piece(start, stop), its size) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
+    tensor = t.tensor
+    row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
+    n_rows = tensor.n_elements // row_length if row_length else 0
+    row_bytes = t.nbytes // n_rows if n_rows else 0
+    step = max(1, SLICE_ELEMENTS // max(1, row_length))
+    for start in range(0, max(1, n_rows), step):
+        stop = min(start + step, n_rows)
+        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
 
 
 def bf16_bits_to_f16_bits(bits: np.ndarray) -> np.ndarray:
@@ -139,12 +158,21 @@ def _checked(t: PlannedTensor, produce: Callable[[], np.ndarray]) -> np.ndarray:
         raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
 
 
-def _encode(t: PlannedTensor, load: Callable[[], np.ndarray]) -> np.ndarray:
+def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
+    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type,
+    each expert's rows of a 3-D tensor with that expert's importance vector."""
+
     def produce() -> np.ndarray:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
-        return quantize(data, t.ggml_type)
+        if t.importance is None:
+            return quantize(data, t.ggml_type)
+        rows = data.reshape(-1, t.shape[-1])
+        rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
+        pieces = [quantize(rows[start:stop], t.ggml_type, importance)
+                  for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     return _checked(t, produce)
 
@@ -161,7 +189,8 @@ def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) 
         # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
         # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
         # the wall time of a conversion; the OS writes the data back on its own schedule.
-        with GGUFWriter(dst, plan.metadata, fsync=False) as writer:
+        alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
+        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False) as writer:
             for t in plan.tensors:
                 writer.add_tensor(t.name, t.shape, t.ggml_type)
             converted = _converted_in_order(plan.tensors, pool)
@@ -207,18 +236,33 @@ def convert(
     progress: bool = False,
     model_name: str | None = None,
     with_tokenizer: bool = True,
+    imatrix: str | Path | None = None,
+    quantize_request: QuantizeRequest | None = None,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
 
-    `outtype` is one of plan.OUTTYPES; `arch` a registered architecture name (default: chosen
-    from config.json). With `dry_run` nothing is written. `dst` appears only once complete.
+    `outtype` is one of plan.OUTTYPES, or a llama-quantize preset name (q4_k_m, ...: the file
+    llama-quantize would make from the F32 conversion, made without any intermediate file);
+    `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
+    (default: chosen from config.json). With `dry_run` nothing is written. `dst` appears only once
+    complete.
     """
     dst = Path(dst)
     if dst.is_dir():
         raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
-    outtype_of(outtype)  # reject a bad type before opening anything
+    if is_preset_outtype(outtype) or quantize_request is not None:
+        quantize_request = quantize_request or QuantizeRequest(outtype)
+        if imatrix is not None:
+            from ggufsmith.quantize.imatrix import read_imatrix
+
+            quantize_request.imatrix = read_imatrix(imatrix)
+    elif imatrix is not None:
+        raise ConversionError(f"an importance matrix is used by quantization presets (q4_k_m, ...), not by --outtype {outtype}")
+    else:
+        outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
-        plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
+                         quantize_request=quantize_request)
         if not dry_run:
             write_plan(plan, dst, progress=progress)
     return plan
