@@ -17,6 +17,7 @@ from ggufsmith.errors import GgufsmithError
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufsmith.converters.cli_convert", "convert a Hugging Face model folder to a GGUF file"),
+    "quantize": ("ggufsmith.converters.cli_quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
 }
 

@@ -330,6 +330,8 @@ class Keys:
         SCALING_YARN_LOG_MUL = "{arch}.rope.scaling.yarn_log_multiplier"
         SCALING_YARN_BETA_FAST = "{arch}.rope.scaling.yarn_beta_fast"
         SCALING_YARN_BETA_SLOW = "{arch}.rope.scaling.yarn_beta_slow"
+        SCALING_YARN_EXT_FACTOR = "{arch}.rope.scaling.yarn_ext_factor"
+        SCALING_YARN_ATTN_FACTOR = "{arch}.rope.scaling.yarn_attn_factor"
 
     class SSM:
         CONV_KERNEL = "{arch}.ssm.conv_kernel"

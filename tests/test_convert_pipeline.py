@@ -119,17 +119,21 @@ def _expected_type(gguf_name: str, shape, outtype: GGMLType) -> GGMLType:
     """llama.cpp's rules, spelled out independently of ggufsmith's code for the toy model."""
     if len(shape) == 1 or "ffn_gate_inp" in gguf_name or ".extra." in gguf_name:
         return GGMLType.F32
-    block = {GGMLType.Q8_0: 32, GGMLType.Q4_0: 32, GGMLType.Q5_1: 32, GGMLType.Q4_K: 256, GGMLType.Q6_K: 256}.get(outtype, 1)
+    block = {GGMLType.Q8_0: 32, GGMLType.Q3_K: 256, GGMLType.Q4_K: 256, GGMLType.Q5_K: 256}.get(outtype, 1)
     if shape[-1] % block == 0:
         return outtype
+    if outtype == GGMLType.Q3_K and shape[-1] % 32 == 0:
+        return GGMLType.Q4_0
     if outtype == GGMLType.Q4_K and shape[-1] % 32 == 0:
         return GGMLType.Q5_0
-    if outtype == GGMLType.Q6_K and shape[-1] % 32 == 0:
-        return GGMLType.Q8_0
+    if outtype == GGMLType.Q5_K and shape[-1] % 32 == 0:
+        return GGMLType.Q5_1
     return GGMLType.F16
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q4_0", "q5_1", "q4_k", "q6_k"])
+# the plain output types (every weight that type); preset names (q4_0, q6_k, q4_k_m...) are
+# tested against llama.cpp's quantizer in test_requantize_*.py
+@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q3_k", "q4_k", "q5_k"])
 def test_converted_tensors_match_the_hf_weights(tmp_path, toy_bf16, outtype):
     model_dir, state = toy_bf16
     target = GGMLType[outtype.upper()]
@@ -159,7 +163,7 @@ def test_converted_tensors_match_the_hf_weights(tmp_path, toy_bf16, outtype):
         else:  # block quantization: the error of each 32-value block is bounded by a fraction of its range
             ref = weight.float().numpy().reshape(-1, 32)
             tol = {GGMLType.Q8_0: 0.01, GGMLType.Q6_K: 0.05, GGMLType.Q5_0: 0.07, GGMLType.Q5_1: 0.07,
-                   GGMLType.Q4_0: 0.13, GGMLType.Q4_K: 0.13}[expected_type]
+                   GGMLType.Q4_0: 0.13, GGMLType.Q4_K: 0.13, GGMLType.Q5_K: 0.07, GGMLType.Q3_K: 0.3}[expected_type]
             err = np.abs(ours.reshape(-1, 32) - ref).max(axis=1)
             assert (err <= tol * np.abs(ref).max(axis=1) + 1e-6).all(), t.name
     assert fields["general.architecture"] == "toyllama"

@@ -12,18 +12,20 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable, Iterator
-from itertools import chain, groupby
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain, groupby
 from pathlib import Path
 
 import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
-from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, Keys
 from ggufsmith.converters.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, outtype_of, plan_tensor
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
+from ggufsmith.converters.gguf_source import GGUFTensor
+from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.safetensors import RowSlicedTensor
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -32,7 +34,8 @@ from ggufsmith.quantize import quantize
 
 # A slice of a large tensor holds about this many elements (16 MiB as float32).
 SLICE_ELEMENTS = 1 << 22
-# Slices being converted at once, besides the one being written.
+# Slices submitted to the pool ahead of the one being written (so at most IN_FLIGHT + 2 slices
+# exist at once: converting, converted and waiting, being written).
 IN_FLIGHT = 2
 WORKERS = 2
 
@@ -62,8 +65,16 @@ def make_plan(
     *,
     model_name: str | None = None,
     with_tokenizer: bool = True,
+    quantize_request: QuantizeRequest | None = None,
 ) -> ConversionPlan:
-    """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet."""
+    """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet.
+
+    A preset outtype (q4_k_m, q4_0, ...) plans the F32 conversion, then what llama-quantize makes
+    of that file; `quantize_request` carries llama-quantize's options (default: the preset's)."""
+    if is_preset_outtype(outtype) or quantize_request is not None:
+        request = quantize_request or QuantizeRequest(outtype)
+        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
     mapped = plugin.map_tensors(checkpoint.tensors)
@@ -94,22 +105,38 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 def _work_units(t: PlannedTensor) -> Iterator[Callable[[], np.ndarray]]:
     """Functions each giving the next piece of the tensor's GGUF bytes, in order."""
     tensor = t.tensor
-    if isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
-        row_length = tensor.shape[-1]
-        step = max(1, SLICE_ELEMENTS // row_length)
-        for start in range(0, tensor.n_rows, step):
-            stop = min(start + step, tensor.n_rows)
-            yield lambda start=start, stop=stop: _encode(t, lambda: tensor.load_rows(start, stop))
+    if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
+        # already of the type wanted: its bytes are copied as they are, as llama-quantize does
+        yield from _row_slices(tensor, tensor.raw_rows)
+    elif isinstance(tensor, RowSlicedTensor) and tensor.n_elements > SLICE_ELEMENTS and len(tensor.shape) >= 2:
+        yield from _row_slices(tensor, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
     else:
-        yield lambda: _encode(t, tensor.load)
+        yield lambda: _encode(t, tensor.load, 0)
 
 
-def _encode(t: PlannedTensor, load: Callable[[], np.ndarray]) -> np.ndarray:
+def _row_slices(tensor: RowSlicedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[Callable[[], np.ndarray]]:
+    """piece(start, stop) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
+    row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
+    n_rows = tensor.n_elements // row_length if row_length else 0
+    step = max(1, SLICE_ELEMENTS // max(1, row_length))
+    for start in range(0, max(1, n_rows), step):
+        yield lambda start=start: piece(start, min(start + step, n_rows))
+
+
+def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
+    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type,
+    each expert's rows of a 3-D tensor with that expert's importance vector."""
     try:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
-        return quantize(data, t.ggml_type)
+        if t.importance is None:
+            return quantize(data, t.ggml_type)
+        rows = data.reshape(-1, t.shape[-1])
+        rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
+        pieces = [quantize(rows[start:stop], t.ggml_type, importance)
+                  for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
     except GgufsmithError as e:
         raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
 
@@ -123,7 +150,11 @@ def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) 
                disable=not progress, desc=dst.name, dynamic_ncols=True)
     pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ggufsmith-convert")
     try:
-        with GGUFWriter(dst, plan.metadata) as writer:
+        # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
+        # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
+        # the wall time of a conversion; the OS writes the data back on its own schedule.
+        alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
+        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False) as writer:
             for t in plan.tensors:
                 writer.add_tensor(t.name, t.shape, t.ggml_type)
             converted = _converted_in_order(plan.tensors, pool)
@@ -148,7 +179,7 @@ def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) 
     for t in tensors:
         for unit in _work_units(t):
             pending.append((t, pool.submit(unit)))
-            if len(pending) > IN_FLIGHT:
+            if len(pending) > IN_FLIGHT:  # the oldest is done or nearly: hand it to the writer
                 done, future = pending.popleft()
                 yield done, future.result()
     while pending:
@@ -166,18 +197,33 @@ def convert(
     progress: bool = False,
     model_name: str | None = None,
     with_tokenizer: bool = True,
+    imatrix: str | Path | None = None,
+    quantize_request: QuantizeRequest | None = None,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
 
-    `outtype` is one of plan.OUTTYPES; `arch` a registered architecture name (default: chosen
-    from config.json). With `dry_run` nothing is written. `dst` appears only once complete.
+    `outtype` is one of plan.OUTTYPES, or a llama-quantize preset name (q4_k_m, ...: the file
+    llama-quantize would make from the F32 conversion, made without any intermediate file);
+    `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
+    (default: chosen from config.json). With `dry_run` nothing is written. `dst` appears only once
+    complete.
     """
     dst = Path(dst)
     if dst.is_dir():
         raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
-    outtype_of(outtype)  # reject a bad type before opening anything
+    if is_preset_outtype(outtype) or quantize_request is not None:
+        quantize_request = quantize_request or QuantizeRequest(outtype)
+        if imatrix is not None:
+            from ggufsmith.quantize.imatrix import read_imatrix
+
+            quantize_request.imatrix = read_imatrix(imatrix)
+    elif imatrix is not None:
+        raise ConversionError(f"an importance matrix is used by quantization presets (q4_k_m, ...), not by --outtype {outtype}")
+    else:
+        outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
-        plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
+                         quantize_request=quantize_request)
         if not dry_run:
             write_plan(plan, dst, progress=progress)
     return plan

@@ -17,30 +17,41 @@ import re
 from dataclasses import dataclass
 
 from ggufsmith.arch.base import Architecture
-from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType
+import numpy as np
+
+from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType, Keys
 from ggufsmith.converters.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import tensor_data_size
 
-# --outtype -> (tensor type of the weights, general.file_type)
+# --outtype -> (tensor type of the weights, general.file_type) for the plain output types: every
+# weight gets that type. f32/f16/bf16/q8_0 are what convert_hf_to_gguf.py writes for them.
+# Every other name of llama-quantize's presets (q4_0, q2_k, q4_k_m, ...) means the preset: the file
+# llama-quantize would make from the F32 conversion (see quantize_plan.apply_preset).
 OUTTYPES: dict[str, tuple[GGMLType, FileType]] = {
     "f32": (GGMLType.F32, FileType.ALL_F32),
     "f16": (GGMLType.F16, FileType.MOSTLY_F16),
     "bf16": (GGMLType.BF16, FileType.MOSTLY_BF16),
     "q8_0": (GGMLType.Q8_0, FileType.MOSTLY_Q8_0),
-    "q4_0": (GGMLType.Q4_0, FileType.MOSTLY_Q4_0),
-    "q4_1": (GGMLType.Q4_1, FileType.MOSTLY_Q4_1),
-    "q5_0": (GGMLType.Q5_0, FileType.MOSTLY_Q5_0),
-    "q5_1": (GGMLType.Q5_1, FileType.MOSTLY_Q5_1),
-    "q2_k": (GGMLType.Q2_K, FileType.MOSTLY_Q2_K),
-    # llama.cpp has no file type for "all Q3_K/Q4_K/Q5_K"; its _S mixes are the closest
-    # (mostly that type), and the file type is only a label: loaders read each tensor's type.
+    # llama.cpp has no file type for "all Q3_K/Q4_K/Q5_K" (q3_k..q5_k are no preset names); its _S
+    # mixes are the closest (mostly that type), and the file type is only a label.
     "q3_k": (GGMLType.Q3_K, FileType.MOSTLY_Q3_K_S),
     "q4_k": (GGMLType.Q4_K, FileType.MOSTLY_Q4_K_S),
     "q5_k": (GGMLType.Q5_K, FileType.MOSTLY_Q5_K_S),
-    "q6_k": (GGMLType.Q6_K, FileType.MOSTLY_Q6_K),
 }
+
+
+def preset_outtypes() -> list[str]:
+    """The --outtype names that mean a llama-quantize preset."""
+    from ggufsmith.quantize.presets import PRESETS
+
+    return [name.lower() for name in PRESETS if name.lower() not in OUTTYPES]
+
+
+def all_outtypes() -> list[str]:
+    return list(OUTTYPES) + preset_outtypes()
+
 
 # llama-quantize's replacement for a 256-block type whose blocks do not fit a tensor's rows.
 _KQUANT_FALLBACK = {
@@ -79,11 +90,13 @@ class PlannedTensor:
     nbytes: int
     note: str  # why the type differs from the output type ("" when it does not)
     tensor: LazyTensor
+    # llama.cpp's imatrix rows for this tensor, (n_matrices, row_length): one per expert of a 3-D tensor
+    importance: np.ndarray | None = None
 
 
 @dataclass
 class ConversionPlan:
-    architecture: Architecture
+    architecture: Architecture | None  # None when requantizing a GGUF file
     outtype: str
     file_type: FileType
     metadata: Metadata
@@ -92,6 +105,34 @@ class ConversionPlan:
     @property
     def total_bytes(self) -> int:
         return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def arch_name(self) -> str:
+        return self.architecture.name if self.architecture is not None else str(self.metadata.get(Keys.General.ARCHITECTURE, "?"))
+
+    @property
+    def n_weights(self) -> int:
+        return sum(int(np.prod(t.shape, dtype=np.int64)) for t in self.tensors)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.total_bytes / max(1, self.n_weights)
+
+    def type_summary(self) -> str:
+        """A table of the tensor types chosen (count, weights, bytes) and the file's bits per weight."""
+        by_type: dict[GGMLType, list[int]] = {}
+        for t in self.tensors:
+            row = by_type.setdefault(t.ggml_type, [0, 0, 0])
+            row[0] += 1
+            row[1] += int(np.prod(t.shape, dtype=np.int64))
+            row[2] += t.nbytes
+        rows = [("type", "tensors", "weights", "MiB", "bpw")]
+        for ggml_type, (count, weights, nbytes) in sorted(by_type.items(), key=lambda kv: -kv[1][2]):
+            rows.append((ggml_type.name, str(count), str(weights), f"{nbytes / 2**20:.2f}", f"{8 * nbytes / max(1, weights):.2f}"))
+        rows.append(("total", str(len(self.tensors)), str(self.n_weights), f"{self.total_bytes / 2**20:.2f}",
+                     f"{self.bits_per_weight:.2f}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows)
 
     @property
     def fallbacks(self) -> list[PlannedTensor]:
@@ -113,17 +154,22 @@ class ConversionPlan:
         ]
         lines.append(
             f"{len(self.tensors)} tensors, {self.total_bytes} bytes of tensor data, "
-            f"architecture {self.architecture.name}, outtype {self.outtype}, {len(self.metadata)} metadata keys"
+            f"architecture {self.arch_name}, outtype {self.outtype}, {len(self.metadata)} metadata keys"
             + (f", {len(self.fallbacks)} fallback(s)" if self.fallbacks else "")
         )
         return "\n".join(line.rstrip() for line in lines)
 
 
 def outtype_of(name: str) -> tuple[GGMLType, FileType]:
+    """The weight type and file type of a plain --outtype (a preset's are decided per tensor)."""
     try:
         return OUTTYPES[name.lower()]
     except KeyError:
-        raise ConversionError(f"unknown output type {name!r}; choose one of: {', '.join(OUTTYPES)}") from None
+        raise ConversionError(f"unknown output type {name!r}; choose one of: {', '.join(all_outtypes())}") from None
+
+
+def is_preset_outtype(name: str) -> bool:
+    return name.lower() in preset_outtypes()
 
 
 def choose_type(name: str, shape: tuple[int, ...], target: GGMLType, plugin: Architecture) -> tuple[GGMLType, str]:

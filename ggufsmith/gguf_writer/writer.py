@@ -84,7 +84,11 @@ class GGUFWriter:
         *,
         alignment: int = GGUF_DEFAULT_ALIGNMENT,
         byteorder: str = "little",
+        fsync: bool = True,
     ) -> None:
+        """`fsync=False` skips forcing the data to disk before the rename: the file still appears
+        only complete, but a power loss right after may leave it empty on some file systems. For
+        multi-GB files on a slow disk the fsync can take as long as producing the data."""
         if byteorder not in ("little", "big"):
             raise GGUFError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
         if not isinstance(alignment, int) or alignment < 8 or alignment & (alignment - 1):
@@ -93,6 +97,7 @@ class GGUFWriter:
         self.metadata = metadata if metadata is not None else Metadata()
         self.alignment = alignment
         self.byteorder = byteorder
+        self.fsync = fsync
         self._enc = Encoder("<" if byteorder == "little" else ">")
         self._tensors: list[TensorInfo] = []
         self._names: set[str] = set()
@@ -176,24 +181,30 @@ class GGUFWriter:
             self._write_header()
         self._expect("writing", f"write tensor {name!r}")
         if self._next >= len(self._tensors):
-            raise GGUFError(f"tensor {name!r} was not declared (all declared tensors are written)")
+            raise self._fail(f"tensor {name!r} was not declared (all declared tensors are written)")
         info = self._tensors[self._next]
         if name != info.name:
             known = "declared" if name in self._names else "not declared"
-            raise GGUFError(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+            raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
         if self.byteorder == "big":
-            raise GGUFError(f"tensor {name}: pieces are not supported for big-endian files; use write_tensor")
-        written = 0
-        for piece in pieces:
-            raw = _as_bytes_view(piece)
-            if written + raw.nbytes > info.nbytes:
-                raise GGUFError(f"tensor {name}: more than the expected {info.nbytes} bytes")
-            self._file.write(raw.data)
-            written += raw.nbytes
-        if written != info.nbytes:
-            raise GGUFError(f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {written}")
-        end = info.offset + info.nbytes
-        self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+            raise self._fail(f"tensor {name}: pieces are not supported for big-endian files; use write_tensor")
+        try:
+            written = 0
+            for piece in pieces:
+                raw = _as_bytes_view(piece)
+                if written + raw.nbytes > info.nbytes:
+                    raise self._fail(f"tensor {name}: more than the expected {info.nbytes} bytes")
+                self._file.write(raw.data)
+                written += raw.nbytes
+            if written != info.nbytes:
+                raise self._fail(
+                    f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {written}"
+                )
+            end = info.offset + info.nbytes
+            self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+        except BaseException:
+            self.abort()
+            raise
         self._next += 1
 
     def finish(self) -> Path:
@@ -208,7 +219,8 @@ class GGUFWriter:
             )
         try:
             self._file.flush()
-            os.fsync(self._file.fileno())
+            if self.fsync:
+                os.fsync(self._file.fileno())
             self._file.close()
             os.chmod(self._tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
             os.replace(self._tmp_path, self.path)

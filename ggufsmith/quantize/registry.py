@@ -24,9 +24,12 @@ from ggufsmith.errors import QuantizationError
 QuantizeRows = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 DequantizeRows = Callable[[np.ndarray, int], np.ndarray]
 
-# Rows are processed in chunks of about this many input elements (4 MiB of float32), so the
+# Rows are processed in chunks of about this many input elements (512 KiB of float32), so the
 # temporaries of a family's vectorized code stay a small multiple of that, whatever the tensor size.
-CHUNK_ELEMENTS = 1 << 20
+# Small enough that those temporaries stay in a core's L2 cache across the many numpy passes of a
+# quantizer: measured on a 2 MiB-L2 Xeon, 1<<17 makes Q8_0 2.3x and F16/BF16 1.3-3x faster than
+# 1<<20, and no type slower (smaller chunks start to lose to per-call overhead).
+CHUNK_ELEMENTS = 1 << 17
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""`ggufsmith quantize`: a GGUF file to another with one of llama-quantize's presets, same options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ggufsmith.constants import GGMLType
+from ggufsmith.errors import QuantizationError
+
+
+def ggml_type_arg(text: str) -> GGMLType:
+    """A tensor type by name, any case (q4_k, Q8_0, f16), as llama-quantize parses it."""
+    try:
+        return GGMLType[text.upper()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown tensor type {text!r}") from None
+
+
+def tensor_type_arg(text: str) -> tuple[str, GGMLType]:
+    """PATTERN=TYPE; the pattern is lowercased and searched in tensor names, as llama-quantize does."""
+    pattern, sep, type_name = text.partition("=")
+    if not sep or not pattern or not type_name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PATTERN=TYPE, e.g. attn_v=q8_0")
+    return pattern.lower(), ggml_type_arg(type_name)
+
+
+def add_quantize_options(parser: argparse.ArgumentParser) -> None:
+    """llama-quantize's options that `convert --outtype PRESET` accepts too."""
+    parser.add_argument("--imatrix", metavar="FILE", help="importance matrix (llama.cpp's GGUF or legacy .dat format)")
+    parser.add_argument("--include-weights", action="append", default=[], metavar="NAME",
+                        help="use the importance matrix only for tensors whose name contains NAME (repeatable)")
+    parser.add_argument("--exclude-weights", action="append", default=[], metavar="NAME",
+                        help="do not use the importance matrix for tensors whose name contains NAME (repeatable)")
+    parser.add_argument("--pure", action="store_true", help="every quantizable tensor gets the preset's base type (no mixture rules)")
+    parser.add_argument("--output-tensor-type", type=ggml_type_arg, metavar="TYPE", help="type of output.weight")
+    parser.add_argument("--token-embedding-type", type=ggml_type_arg, metavar="TYPE", help="type of token_embd.weight")
+    parser.add_argument("--leave-output-tensor", action="store_true", help="keep output.weight in its input type")
+    parser.add_argument("--tensor-type", type=tensor_type_arg, action="append", default=[], metavar="PATTERN=TYPE",
+                        help="type of the tensors whose name matches the regular expression PATTERN (repeatable; first match wins)")
+    parser.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                        help="set a metadata key in the output (TYPE int, float, bool or str; int is written as uint32)")
+
+
+def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool = False):
+    from ggufsmith.converters.quantize_plan import QuantizeRequest, parse_kv_override
+    from ggufsmith.quantize.imatrix import read_imatrix
+    from ggufsmith.quantize.presets import get_preset
+
+    get_preset(preset)
+    if args.include_weights and args.exclude_weights:
+        raise QuantizationError("--include-weights and --exclude-weights cannot be used together")
+    imatrix = None
+    if args.imatrix:
+        imatrix = read_imatrix(args.imatrix).select(args.include_weights, args.exclude_weights)
+    elif args.include_weights or args.exclude_weights:
+        raise QuantizationError("--include-weights/--exclude-weights select entries of an importance matrix; give --imatrix FILE")
+    return QuantizeRequest(
+        preset, pure=args.pure, output_tensor_type=args.output_tensor_type, token_embedding_type=args.token_embedding_type,
+        leave_output_tensor=args.leave_output_tensor, tensor_types=list(args.tensor_type),
+        kv_overrides=[parse_kv_override(text) for text in args.override_kv], imatrix=imatrix, allow_requantize=allow_requantize,
+    )
+
+
+def print_summary(plan, dst: str, dry_run: bool) -> None:
+    print(plan.type_summary(), file=sys.stderr)
+    verb = "would write" if dry_run else "wrote"
+    print(f"{verb} {dst}: {len(plan.tensors)} tensors, {plan.total_bytes / 2**20:.2f} MiB of tensor data, "
+          f"{plan.bits_per_weight:.2f} bits per weight, {plan.arch_name}, {plan.outtype}", file=sys.stderr)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ggufsmith.quantize.presets import PRESETS
+
+    parser.add_argument("src", metavar="IN.gguf", help="GGUF model (F32/F16/BF16, or quantized with --allow-requantize); "
+                        "the first file of a split model")
+    parser.add_argument("dst", metavar="OUT.gguf", help="GGUF file to write (written whole or not at all)")
+    parser.add_argument("preset", metavar="PRESET", type=str.upper, choices=list(PRESETS),
+                        help=f"llama-quantize's preset: {', '.join(PRESETS)}")
+    add_quantize_options(parser)
+    parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
+    parser.add_argument("--keep-split", action="store_true", help="one output file per input part (not implemented yet)")
+    parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ggufsmith.converters.requantize import quantize_gguf
+
+    request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
+    plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=not args.quiet,
+                         keep_split=args.keep_split)
+    if args.dry_run:
+        print(plan.describe())
+    if not args.quiet or args.dry_run:
+        print_summary(plan, args.dst, args.dry_run)
+    return 0
