@@ -204,8 +204,9 @@ def _install_hooks(model, table, runtime, accumulator: Accumulator, process_outp
 
             handles.append(module.register_forward_pre_hook(dense_hook, with_kwargs=True))
         elif "gate_up_proj" in own and "down_proj" in own and own["gate_up_proj"].dim() == 3:
-            gate_up = [t for _, t in targets_of(prefix + "gate_up_proj")]
-            down = [t for _, t in targets_of(prefix + "down_proj")]
+            # One target per GGUF tensor: the fused parameter holds every expert's checkpoint tensor.
+            gate_up = list({t.gguf_name: t for _, t in targets_of(prefix + "gate_up_proj")}.values())
+            down = list({t.gguf_name: t for _, t in targets_of(prefix + "down_proj")}.values())
             if not gate_up and not down:
                 continue
             handles.append(module.register_forward_pre_hook(_expert_hook(module, gate_up, down, accumulator), with_kwargs=True))
