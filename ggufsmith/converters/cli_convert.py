@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ggufsmith.converters.plan import OUTTYPES
+from ggufsmith.errors import ConversionError
+
+from ggufsmith.converters.plan import OUTTYPES, all_outtypes, is_preset_outtype
 
 
 def _architectures_epilog() -> str:
@@ -29,28 +31,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _architectures_epilog()
     parser.add_argument("src", metavar="SRC_DIR", help="Hugging Face model folder (config.json and weights)")
     parser.add_argument("dst", metavar="OUT.gguf", help="GGUF file to write (written whole or not at all)")
-    parser.add_argument("--outtype", default="f16", choices=list(OUTTYPES), type=str.lower,
-                        help="type of the 2-D weights; norms and biases stay F32 (default: f16)")
+    parser.add_argument("--outtype", default="f16", choices=all_outtypes(), type=str.lower, metavar="TYPE",
+                        help=f"{', '.join(OUTTYPES)}: type of the 2-D weights, norms and biases stay F32 "
+                             "(f32/f16/bf16/q8_0 as convert_hf_to_gguf.py writes them); or a llama-quantize preset "
+                             f"({', '.join(all_outtypes()[len(OUTTYPES):])}): the file llama-quantize makes from the "
+                             "F32 conversion, without writing it (default: f16)")
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin to use (default: from config.json)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    from ggufsmith.converters.cli_quantize import add_quantize_options
+
+    group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
+    add_quantize_options(group)
     parser.add_argument("--model-name", metavar="NAME", help="general.name to write (default: from the model card/config/folder)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from ggufsmith.converters.cli_quantize import build_request, print_summary
     from ggufsmith.converters.pipeline import convert
 
+    request = None
+    if is_preset_outtype(args.outtype):
+        request = build_request(args.outtype, args)
+    elif _preset_options_used(args):
+        raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run,
-                   progress=not args.quiet, model_name=args.model_name)
+                   progress=not args.quiet, model_name=args.model_name, quantize_request=request)
     if args.dry_run:
         print(plan.describe())
+        print_summary(plan, args.dst, dry_run=True)
     else:
         for t in plan.fallbacks:
             print(f"ggufsmith: {t.name}: {t.note}", file=sys.stderr)
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
         if not args.quiet:
-            print(f"wrote {args.dst}: {len(plan.tensors)} tensors, {plan.total_bytes} bytes of tensor data, "
-                  f"{plan.architecture.name}, {plan.outtype}", file=sys.stderr)
+            print_summary(plan, args.dst, dry_run=False)
     return 0
+
+
+def _preset_options_used(args: argparse.Namespace) -> bool:
+    return bool(args.imatrix or args.include_weights or args.exclude_weights or args.pure or args.output_tensor_type
+                or args.token_embedding_type or args.leave_output_tensor or args.tensor_type or args.override_kv)

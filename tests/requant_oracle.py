@@ -1,0 +1,106 @@
+"""llama.cpp's own quantizer (llama_model_quantize through llama-cpp-python) with llama-quantize's
+options spelled as its C parameters, for comparing whole files with ggufsmith's."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+_KV_TAGS = {"int": 0, "float": 1, "bool": 2, "str": 3}  # llama_model_kv_override_type
+
+
+def llama_quantize(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.ndarray] | None = None,
+                   kv_overrides: list[tuple[str, str, object]] = (), tensor_types: list[tuple[str, int]] = (),
+                   **params) -> int:
+    """Run llama_model_quantize; returns its status (0 = success). `imatrix` maps names to the
+    float32 vectors llama-quantize passes (already divided by the counts); `kv_overrides` are
+    (key, "int"|"float"|"bool"|"str", value) as --override-kv parses them."""
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = int(ftype)
+    p.nthread = 2
+    for key, value in params.items():
+        setattr(p, key, value)
+    keep = []
+    if imatrix:
+        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        for i, (name, values) in enumerate(imatrix.items()):
+            values = np.ascontiguousarray(values, dtype=np.float32)
+            keep.append(values)
+            entries[i].name = name.encode()
+            entries[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            entries[i].size = values.size
+        entries[len(imatrix)].name = None
+        p.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(entries)
+    if kv_overrides:
+        kvs = (llama_cpp.llama_model_kv_override * (len(kv_overrides) + 1))()
+        for i, (key, kind, value) in enumerate(kv_overrides):
+            kvs[i].key = key.encode()
+            kvs[i].tag = _KV_TAGS[kind]
+            if kind == "int":
+                kvs[i].value.val_i64 = int(value)
+            elif kind == "float":
+                kvs[i].value.val_f64 = float(value)
+            elif kind == "bool":
+                kvs[i].value.val_bool = bool(value)
+            else:
+                kvs[i].value.val_str = str(value).encode()
+        kvs[len(kv_overrides)].key = b""
+        p.kv_overrides = ctypes.cast(kvs, ctypes.POINTER(llama_cpp.llama_model_kv_override))
+        keep.append(kvs)
+    if tensor_types:
+        tts = (llama_cpp.llama_model_tensor_override * (len(tensor_types) + 1))()
+        patterns = [pattern.encode() for pattern, _ in tensor_types]
+        keep.append(patterns)
+        for i, (pattern, ggml_type) in enumerate(tensor_types):
+            tts[i].pattern = patterns[i]
+            tts[i].type = int(ggml_type)
+        tts[len(tensor_types)].pattern = None
+        tts[len(tensor_types)].type = 43  # GGML_TYPE_COUNT (ggml.h of llama-cpp-python 0.3.36): the terminator
+        p.tt_overrides = ctypes.cast(tts, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
+        keep.append(tts)
+    return llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), p)
+
+
+def differences(a: Path, b: Path) -> list[str]:
+    """Where two GGUF files differ, read by gguf-py (an independent reader): keys, then tensors."""
+    import gguf
+
+    ra, rb = gguf.GGUFReader(a), gguf.GGUFReader(b)
+    out = []
+    ka = [(k, f.contents()) for k, f in ra.fields.items()]
+    kb = [(k, f.contents()) for k, f in rb.fields.items()]
+    if ka != kb:
+        out.append(f"metadata differs: {[k for k, _ in ka]} vs {[k for k, _ in kb]}; "
+                   f"values {[x for x in ka if x not in kb]} vs {[x for x in kb if x not in ka]}")
+    ta = [(t.name, t.tensor_type.name) for t in ra.tensors]
+    tb = [(t.name, t.tensor_type.name) for t in rb.tensors]
+    if ta != tb:
+        out.append(f"tensor names/types differ: {[x for x in ta if x not in tb]} vs {[x for x in tb if x not in ta]}")
+    for x, y in zip(ra.tensors, rb.tensors):
+        if x.name == y.name and bytes(np.asarray(x.data).view(np.uint8)) != bytes(np.asarray(y.data).view(np.uint8)):
+            out.append(f"tensor {x.name} ({x.tensor_type.name}) bytes differ")
+    return out
+
+
+def assert_same_file(ours: Path, theirs: Path) -> None:
+    if Path(ours).read_bytes() != Path(theirs).read_bytes():
+        raise AssertionError("files differ: " + "; ".join(differences(ours, theirs) or ["(only in padding/offsets)"]))
+
+
+def assert_same_tensors(ours: Path, theirs: Path) -> None:
+    """Same tensors (name, type, shape, bytes), whatever their order and the metadata's."""
+    import gguf
+
+    def tensors(path):
+        return {t.name: (t.tensor_type.name, t.shape.tolist(), bytes(np.asarray(t.data).view(np.uint8)))
+                for t in gguf.GGUFReader(path).tensors}
+
+    a, b = tensors(ours), tensors(theirs)
+    assert sorted(a) == sorted(b)
+    bad = [n for n in a if a[n] != b[n]]
+    assert not bad, f"tensors differ: {[(n, a[n][0], b[n][0]) for n in bad]}"

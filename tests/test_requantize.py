@@ -1,0 +1,345 @@
+"""`ggufsmith quantize` and `convert --outtype PRESET` against llama.cpp's own quantizer.
+
+Oracle: llama_model_quantize (llama-cpp-python) run on the F32 GGUF of the same checkpoint with the
+same options; the files must be identical byte for byte (metadata, tensor order, types, data).
+The importance matrices passed to llama.cpp are computed here from the sums and counts written to
+the imatrix file (sums / count per expert, 1 for unused experts: llama-quantize's normalization).
+Models: a llama with GQA (8 heads, 2 kv heads) and a mixtral with 8 experts, hidden 256, feed-forward
+320 so that ffn_down's rows of 320 make the 256-block K-quants fall back.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ggufsmith
+from ggufsmith.constants import GGMLType
+from ggufsmith.converters.requantize import quantize_gguf
+from ggufsmith.converters.quantize_plan import QuantizeRequest
+from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
+from ggufsmith.quantize.presets import PRESETS, get_preset
+from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
+from ggufsmith.converters.plan import OUTTYPES
+from tests.requant_oracle import assert_same_file, assert_same_tensors, llama_quantize
+
+llama_cpp = pytest.importorskip("llama_cpp")
+gguf = pytest.importorskip("gguf")
+
+REPO = Path(__file__).resolve().parent.parent
+TOKENIZER = REPO / "examples" / "tiny-llama"
+SHAPE = dict(hidden_size=256, intermediate_size=320, num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+MODELS = {
+    "llama": ("llama_gqa", dict(SHAPE, num_hidden_layers=4)),
+    "mixtral": ("mixtral", dict(SHAPE, num_hidden_layers=2, num_local_experts=8)),
+}
+# Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
+# rest of the presets are in the slow matrix.
+FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
+ALL_PRESETS = [p for p in PRESETS if p != "Q2_K_S"]  # Q2_K_S needs an importance matrix
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> (HF folder, our F32 GGUF of it)."""
+    out = {}
+    for name, (variant, config) in MODELS.items():
+        model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
+        (model_dir / "model.safetensors").unlink()
+        (model_dir / "config.json").unlink()
+        _build(model_dir, variant, config)
+        f32 = model_dir.parent / f"{name}-f32.gguf"
+        ggufsmith.convert(model_dir, f32, "f32")
+        out[name] = (model_dir, f32)
+    return out
+
+
+def _build(model_dir: Path, variant: str, config: dict) -> None:
+    import torch
+    import transformers
+
+    class_name, fields = VARIANTS[variant]
+    model_class = getattr(transformers, class_name)
+    torch.manual_seed(3)
+    model = model_class(model_class.config_class(vocab_size=2000, bos_token_id=1, eos_token_id=2, **{**fields, **config}))
+    randomize_weights(model.eval(), 3)
+    model.save_pretrained(model_dir)
+
+
+def _imatrix_entries(f32: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Random sums and counts for every 2-D/3-D weight, one row per expert; one expert never used."""
+    rng = np.random.default_rng(seed)
+    entries = {}
+    for t in gguf.GGUFReader(f32).tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # numpy order
+        if len(shape) < 2 or t.name == "token_embd.weight":
+            continue
+        nmat = shape[0] if len(shape) == 3 else 1
+        counts = rng.integers(50, 500, size=nmat).astype(np.float32)
+        if nmat > 1:
+            counts[1] = 0
+        sums = (rng.uniform(0.01, 3.0, size=(nmat, shape[-1])) * counts[:, None]).astype(np.float32)
+        entries[t.name] = (sums.reshape(-1), counts)
+    return entries
+
+
+def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
+    """What llama-quantize hands llama_model_quantize: sums / count per matrix, 1 where count is 0."""
+    out = {}
+    for name, (sums, counts) in entries.items():
+        rows = sums.reshape(len(counts), -1)
+        values = np.ones_like(rows)
+        for j, c in enumerate(counts):
+            if c > 0:
+                values[j] = rows[j] / np.float32(c)
+        out[name] = values.reshape(-1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def imatrices(models, tmp_path_factory):
+    """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
+    out = {}
+    for name, (_, f32) in models.items():
+        entries = _imatrix_entries(f32)
+        path = tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf"
+        write_imatrix(path, entries, ["calibration.txt"], chunk_count=7, chunk_size=512)
+        overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", "calibration.txt"),
+                     ("quantize.imatrix.entries_count", "int", len(entries)), ("quantize.imatrix.chunks_count", "int", 7)]
+        out[name] = (path, _llama_cpp_view(entries), overrides)
+    return out
+
+
+def _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix):
+    _, f32 = models[model]
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    if with_imatrix:
+        path, values, overrides = imatrices[model]
+        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
+        quantize_gguf(f32, ours, QuantizeRequest(preset, imatrix=read_imatrix(path)))
+    else:
+        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
+        quantize_gguf(f32, ours, preset)
+    assert_same_file(ours, theirs)
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("preset", FAST_PRESETS)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_quantize_is_llama_quantize(models, imatrices, tmp_path, model, preset, with_imatrix):
+    _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("preset", [p for p in ALL_PRESETS if p not in FAST_PRESETS] + ["Q2_K_S"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_quantize_is_llama_quantize_every_preset(models, imatrices, tmp_path, model, preset, with_imatrix):
+    if preset == "Q2_K_S" and not with_imatrix:
+        pytest.skip("Q2_K_S needs an importance matrix (tested in test_q2_k_s_needs_an_imatrix)")
+    _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
+
+
+def _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix, run=False):
+    model_dir, f32 = models[model]
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    kwargs = {}
+    if with_imatrix:
+        path, values, overrides = imatrices[model]
+        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
+        kwargs["imatrix"] = str(path)
+    else:
+        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
+    ggufsmith.convert(model_dir, ours, preset.lower(), **kwargs)
+    if preset.lower() in OUTTYPES:
+        # f32/f16/bf16/q8_0 keep convert_hf_to_gguf.py's meaning (its tensor order and metadata);
+        # the tensors are still llama-quantize's
+        assert_same_tensors(ours, theirs)
+    else:
+        assert_same_file(ours, theirs)
+    if run:  # the file loads and runs in llama.cpp: finite logits for a prompt
+        llm = llama_cpp.Llama(model_path=str(ours), n_ctx=64, logits_all=True, verbose=False)
+        tokens = llm.tokenize(b"Hello world, this is a test.")
+        llm.eval(tokens)
+        logits = np.asarray(llm.scores[: len(tokens)])
+        assert np.isfinite(logits).all() and logits.std() > 0
+        llm.close()
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q4_0"])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_convert_outtype_preset_is_llama_quantize_of_the_f32_file(models, imatrices, tmp_path, model, preset):
+    _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix=False, run=True)
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model):
+    _convert_preset_check(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
+    _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix=preset == "Q2_K", run=True)
+
+
+def test_q2_k_s_needs_an_imatrix(models, imatrices, tmp_path):
+    _, f32 = models["llama"]
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q2_K_S").file_type) != 0
+    with pytest.raises(ggufsmith.errors.QuantizationError, match="importance matrix"):
+        quantize_gguf(f32, tmp_path / "ours.gguf", "Q2_K_S")
+    assert not (tmp_path / "ours.gguf").exists()
+
+
+def _cli(*args, check=True):
+    result = subprocess.run([sys.executable, "-m", "ggufsmith", *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(result.stderr)
+    return result
+
+
+# (our command-line options, llama_model_quantize's parameters for the same request)
+OPTION_CASES = {
+    "pure": (["--pure"], dict(pure=True)),
+    "output-type": (["--output-tensor-type", "q5_k"], dict(output_tensor_type=int(GGMLType.Q5_K))),
+    "embd-type": (["--token-embedding-type", "Q8_0"], dict(token_embedding_type=int(GGMLType.Q8_0))),
+    "leave-output": (["--leave-output-tensor"], dict(quantize_output_tensor=False)),
+    "tensor-type": (["--tensor-type", "ATTN_V=q6_k", "--tensor-type", r"blk\.1\..*=q8_0"],
+                    dict(tensor_types=[("attn_v", GGMLType.Q6_K), (r"blk\.1\..*", GGMLType.Q8_0)])),
+    "override-kv": (["--override-kv", "llama.context_length=int:-4096", "--override-kv", "general.name=str:renamed",
+                     "--override-kv", "foo.ratio=float:0.25", "--override-kv", "foo.flag=bool:true"],
+                    dict(kv_overrides=[("llama.context_length", "int", -4096), ("general.name", "str", "renamed"),
+                                       ("foo.ratio", "float", 0.25), ("foo.flag", "bool", True)])),
+}
+
+
+@pytest.mark.parametrize("case", list(OPTION_CASES))
+def test_cli_options_match_llama_quantize(models, tmp_path, case):
+    _, f32 = models["llama"]
+    ours_args, their_params = OPTION_CASES[case]
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    assert llama_quantize(f32, theirs, get_preset("Q3_K_M").file_type, **their_params) == 0
+    _cli("quantize", f32, ours, "q3_k_m", "--quiet", *ours_args)
+    assert_same_file(ours, theirs)
+
+
+def test_include_and_exclude_weights_select_imatrix_entries(models, imatrices, tmp_path):
+    _, f32 = models["mixtral"]
+    path, values, overrides = imatrices["mixtral"]
+    kept = {k: v for k, v in values.items() if "ffn_down" not in k}
+    overrides = [(k, kind, len(kept) if k.endswith("entries_count") else v) for k, kind, v in overrides]
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    assert llama_quantize(f32, theirs, get_preset("Q4_K_S").file_type, imatrix=kept, kv_overrides=overrides) == 0
+    _cli("quantize", f32, ours, "Q4_K_S", "--imatrix", path, "--exclude-weights", "ffn_down", "-q")
+    assert_same_file(ours, theirs)
+    kept = {k: v for k, v in values.items() if "attn" in k}
+    overrides = [(k, kind, len(kept) if k.endswith("entries_count") else v) for k, kind, v in overrides]
+    assert llama_quantize(f32, theirs, get_preset("Q4_K_S").file_type, imatrix=kept, kv_overrides=overrides) == 0
+    _cli("quantize", f32, ours, "Q4_K_S", "--imatrix", path, "--include-weights", "attn", "-q")
+    assert_same_file(ours, theirs)
+
+
+def test_requantize_needs_the_flag_and_then_matches(models, tmp_path):
+    _, f32 = models["llama"]
+    q8 = tmp_path / "q8.gguf"
+    assert llama_quantize(f32, q8, get_preset("Q8_0").file_type) == 0
+    refused = _cli("quantize", q8, tmp_path / "ours.gguf", "Q4_K_M", check=False)
+    assert refused.returncode == 1 and "--allow-requantize" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert llama_quantize(q8, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type) != 0  # refused there too
+    assert llama_quantize(q8, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, allow_requantize=True) == 0
+    _cli("quantize", q8, tmp_path / "ours.gguf", "Q4_K_M", "--allow-requantize", "-q")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+def test_f16_input_and_same_type_copies(models, tmp_path):
+    """An F16 input: F16 tensors that stay F16 are copied, the others quantized from F16."""
+    model_dir, _ = models["mixtral"]
+    f16 = tmp_path / "f16.gguf"
+    ggufsmith.convert(model_dir, f16, "f16")
+    for preset in ("Q5_K_M", "F16"):
+        assert llama_quantize(f16, tmp_path / "theirs.gguf", get_preset(preset).file_type) == 0
+        quantize_gguf(f16, tmp_path / "ours.gguf", preset)
+        assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+def test_dry_run_prints_the_plan_and_the_type_table(models, tmp_path):
+    _, f32 = models["llama"]
+    out = tmp_path / "never.gguf"
+    result = _cli("quantize", f32, out, "Q4_K_M", "--dry-run")
+    assert not out.exists()
+    assert "blk.0.attn_v.weight" in result.stdout and "Q6_K" in result.stdout
+    assert "bits per weight" in result.stderr and "Q4_K" in result.stderr and "total" in result.stderr
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type) == 0
+    # the table's total equals the tensor data llama.cpp writes
+    theirs = gguf.GGUFReader(tmp_path / "theirs.gguf")
+    mib = sum(int(t.n_bytes) for t in theirs.tensors) / 2**20
+    assert f"{mib:.2f}" in result.stderr.splitlines()[-2]
+
+
+def test_legacy_dat_imatrix_is_read_like_llama_quantize(models, imatrices, tmp_path):
+    """The .dat format stores values already multiplied by the call count; llama-quantize divides."""
+    import struct
+
+    _, f32 = models["llama"]
+    _, values, _ = imatrices["llama"]
+    ncall = 3
+    blob = [struct.pack("<i", len(values))]
+    for name, v in values.items():
+        blob += [struct.pack("<i", len(name)), name.encode(), struct.pack("<ii", ncall, v.size),
+                 (v * np.float32(ncall)).astype("<f4").tobytes()]
+    blob += [struct.pack("<i", 11), struct.pack("<i", 5), b"wiki1"]
+    dat = tmp_path / "imatrix.dat"
+    dat.write_bytes(b"".join(blob))
+    matrix = read_imatrix(dat)
+    assert matrix.is_legacy and matrix.chunk_count == 11 and matrix.datasets == ["wiki1"]
+    expected = {k: (v * np.float32(ncall)) / np.float32(ncall) for k, v in values.items()}
+    overrides = [("quantize.imatrix.file", "str", str(dat)), ("quantize.imatrix.dataset", "str", "wiki1"),
+                 ("quantize.imatrix.entries_count", "int", len(values)), ("quantize.imatrix.chunks_count", "int", 11)]
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, imatrix=expected,
+                          kv_overrides=overrides) == 0
+    _cli("quantize", f32, tmp_path / "ours.gguf", "Q4_K_M", "--imatrix", dat, "-q")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+def test_imatrix_of_another_model_is_refused(models, tmp_path):
+    _, f32 = models["llama"]
+    wrong = {"blk.0.attn_q.weight": (np.ones(128, np.float32), np.ones(1, np.float32))}  # rows are 256 here
+    path = write_imatrix(tmp_path / "wrong.gguf", wrong, ["x"], 1, 512)
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type,
+                          imatrix={"blk.0.attn_q.weight": np.ones(128, np.float32)}) != 0
+    result = _cli("quantize", f32, tmp_path / "o.gguf", "Q4_K_M", "--imatrix", path, check=False)
+    assert result.returncode == 1 and "computed for another model" in result.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_imatrix_file_is_valid_gguf_for_gguf_py(imatrices):
+    """Our writer's layout, read by gguf-py: llama-imatrix's key names, tensor names and shapes."""
+    path, values, _ = imatrices["mixtral"]
+    reader = gguf.GGUFReader(path)
+    assert reader.fields["general.type"].contents() == "imatrix"
+    assert reader.fields["imatrix.datasets"].contents() == ["calibration.txt"]
+    assert reader.fields["imatrix.chunk_count"].contents() == 7
+    assert reader.fields["imatrix.chunk_size"].contents() == 512
+    names = [t.name for t in reader.tensors]
+    assert names == [n for name in sorted(values) for n in (name + ".in_sum2", name + ".counts")]
+    experts = {t.name: t for t in reader.tensors}["blk.0.ffn_up_exps.weight.in_sum2"]
+    assert experts.shape.tolist() == [256, 8]  # ne0 = row length, ne1 = experts
+
+
+def test_convert_cli_with_preset_and_imatrix(models, imatrices, tmp_path):
+    model_dir, f32 = models["mixtral"]
+    path, values, overrides = imatrices["mixtral"]
+    assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, imatrix=values,
+                          kv_overrides=overrides) == 0
+    result = _cli("convert", model_dir, tmp_path / "ours.gguf", "--outtype", "Q4_K_M", "--imatrix", path)
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    assert "ours.gguf: 100%" in result.stderr  # one byte bar over the whole file
+    assert "bits per weight" in result.stderr and "Q8_0" in result.stderr  # the type table (MoE attn_v -> Q8_0)
+    misuse = _cli("convert", model_dir, tmp_path / "x.gguf", "--outtype", "f16", "--imatrix", path, check=False)
+    assert misuse.returncode == 1 and "preset" in misuse.stderr
