@@ -15,7 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import dequantize, get_format, quantize
+from ggufsmith.quantize import dequantize, get_format, quantize, search_symmetric
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
 from tests.quant_data import importance_vectors, model_weight_rows, quant_cases
 
@@ -112,6 +112,38 @@ def test_dequantize_matches_ggml_on_arbitrary_bytes(ggml_type):
     )
 
 
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_quantize_matches_ggml_on_single_blocks_and_tile_remainders(ggml_type):
+    """Group counts of 1, and one group past a whole number of search tiles, where numpy's
+    reductions take other code paths (a [16, 1] array is summed pairwise unless we prevent it)."""
+    fmt = get_format(ggml_type)
+    rng = np.random.default_rng(300 + int(ggml_type))
+    importance = None
+    cases = [np.ones((1, fmt.block_size), np.float32), rng.standard_normal((1, fmt.block_size), dtype=np.float32),
+             rng.standard_normal((3, fmt.block_size), dtype=np.float32)]
+    tile_blocks = search_symmetric.TILE_GROUPS + 1
+    cases.append(np.tile(rng.standard_normal((1, fmt.block_size), dtype=np.float32), (1, tile_blocks)))
+    for rows in cases:
+        check_against_ggml(rows, ggml_type, None, f"{rows.shape[0]} rows of {rows.shape[1]}")
+        if ggml_type in WITH_IMPORTANCE:
+            importance = np.ones(rows.shape[1], np.float32)
+            check_against_ggml(rows, ggml_type, importance, f"{rows.shape[0]} rows of {rows.shape[1]}, flat imatrix")
+            importance = rng.lognormal(0.0, 1.0, rows.shape[1]).astype(np.float32)
+            check_against_ggml(rows, ggml_type, importance, f"{rows.shape[0]} rows of {rows.shape[1]}, imatrix")
+
+
+@pytest.mark.parametrize("n", [16, 32])
+def test_ordered_sum_adds_in_c_order_for_any_group_count(n):
+    rng = np.random.default_rng(n)
+    for n_groups in range(1, 40):
+        for terms in (np.full((n, n_groups), 28377.914, np.float32),
+                      (rng.standard_normal((n, n_groups)) * 10.0 ** rng.uniform(-3, 3, (n, n_groups))).astype(np.float32)):
+            expected = np.zeros(n_groups, np.float32)
+            for row in terms:
+                expected = (expected + row).astype(np.float32)
+            assert_same_floats(search_symmetric.ordered_sum(terms), expected, f"{n} x {n_groups} sum")
+
+
 _finite_rows = hnp.arrays(
     np.float32,
     hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
@@ -165,7 +197,9 @@ def test_rejects_nan_and_inf(ggml_type, bad):
         quantize(rows, ggml_type)
 
 
-def test_q8_0_has_no_importance_path():
-    # ggml ignores an imatrix for Q8_0; we refuse it rather than silently drop it.
-    with pytest.raises(QuantizationError, match="importance"):
-        quantize(np.ones((1, 32), np.float32), GGMLType.Q8_0, np.ones(32, np.float32))
+def test_q8_0_ignores_importance_as_ggml_does():
+    rows = np.random.default_rng(9).standard_normal((64, 256), dtype=np.float32)
+    importance = np.random.default_rng(10).lognormal(0.0, 2.0, 256).astype(np.float32)
+    expected = ggml_quantize(rows, int(GGMLType.Q8_0), importance)
+    assert_same_bytes(quantize(rows, GGMLType.Q8_0, importance), expected, GGMLType.Q8_0, "with imatrix")
+    assert_same_bytes(quantize(rows, GGMLType.Q8_0), expected, GGMLType.Q8_0, "without imatrix")

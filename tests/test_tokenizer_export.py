@@ -218,3 +218,11 @@ def test_missing_sentencepiece_is_a_clear_error(sp_dir, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_sentencepiece)
     with pytest.raises(TokenizerError, match="needs the sentencepiece and protobuf packages"):
         export_tokenizer(sp_dir, kind="llama")
+
+
+def test_sentencepiece_style_json_forced_to_gpt2_is_refused(tmp_path):
+    model_dir = train_sentencepiece(tmp_path / "sp")
+    transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp_path / "json")
+    assert detect_kind(tmp_path / "json") == "llama"
+    with pytest.raises(TokenizerError, match="kind 'llama'"):
+        export_tokenizer(tmp_path / "json", kind="gpt2")

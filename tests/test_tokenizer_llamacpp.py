@@ -361,3 +361,14 @@ def test_sentencepiece_without_dummy_prefix_follows_sentencepiece(tmp_path):
     llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "v.gguf"))
     assert _tokenize(llm, CHECK_TEXT) == sp.encode(CHECK_TEXT)
     assert llm.detokenize(_tokenize(llm, CHECK_TEXT)).decode("utf-8") == CHECK_TEXT
+
+
+def test_sentencepiece_user_defined_symbol_with_a_space(tmp_path):
+    # A user-defined "▁myword" is " myword" in raw text, where llama.cpp looks for it.
+    import sentencepiece as spm
+
+    model_dir = train_sentencepiece(tmp_path / "sp", user_defined_symbols=["▁myword", "<tool>"])
+    sp = spm.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
+    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    for text in ("say myword", "x\n myword", "Grüße myword"):
+        assert _tokenize(llm, text) == sp.encode(text), text

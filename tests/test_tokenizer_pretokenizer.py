@@ -1,8 +1,5 @@
-"""Pre-tokenizer identification on the pre_tokenizer configs of well-known tokenizers.
-
-The JSON below is written by hand the way those models' tokenizer.json files spell it (JSON
-escapes included), so these tests exercise the same decoding path a real file does.
-"""
+"""Pre-tokenizer identification on the pre_tokenizer configs of well-known tokenizers
+(tests/tokenizer_configs.py), which go through the same JSON decoding a real file does."""
 
 from __future__ import annotations
 
@@ -13,47 +10,9 @@ import pytest
 
 from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS, identify_pre_tokenizer
 from ggufsmith.errors import TokenizerError
+from tests.tokenizer_configs import BLOOM, DEEPSEEK_CODER, FALCON, GPT2, LLAMA3, QWEN2, STARCODER, TEKKEN
 
 SOURCE = Path("model/tokenizer.json")
-
-GPT2 = r'{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}'
-
-LLAMA3 = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-   "behavior": "Isolated", "invert": false},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}"""
-
-QWEN2 = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-   "behavior": "Isolated", "invert": false},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]}"""
-
-STARCODER = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Digits", "individual_digits": true},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}]}"""
-
-FALCON = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Punctuation", "behavior": "Contiguous"},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-  {"type": "Digits", "individual_digits": false},
-  {"type": "Split", "pattern": {"Regex": "[0-9][0-9][0-9]"}, "behavior": "Isolated", "invert": false}]}"""
-
-BLOOM = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Split", "pattern": {"Regex": " ?[^(\\s|[.,!?…。，、।۔،])]+"}, "behavior": "Isolated", "invert": false},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}"""
-
-DEEPSEEK_CODER = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Split", "pattern": {"Regex": "[\r\n]"}, "behavior": "Isolated", "invert": false},
-  {"type": "Split", "pattern": {"Regex": "\\s?\\p{L}+"}, "behavior": "Isolated", "invert": false},
-  {"type": "Split", "pattern": {"Regex": "\\s?\\p{P}+"}, "behavior": "Isolated", "invert": false},
-  {"type": "Split", "pattern": {"Regex": "[一-龥ࠀ-一가-퟿]+"}, "behavior": "Isolated", "invert": false},
-  {"type": "Digits", "individual_digits": true},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}"""
-
-TEKKEN = r"""{"type": "Sequence", "pretokenizers": [
-  {"type": "Split", "pattern": {"Regex": "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
-   "behavior": "Isolated", "invert": false},
-  {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]}"""
 
 
 @pytest.mark.parametrize(

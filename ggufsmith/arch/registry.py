@@ -13,7 +13,10 @@ from ggufsmith.errors import ConversionError
 ENTRY_POINT_GROUP = "ggufsmith.architectures"
 
 # Our own plugins, by module. Each module defines one or more Architecture subclasses.
-BUILTIN_MODULES: tuple[str, ...] = ("llama", "mamba", "rwkv", "whisper")
+BUILTIN_MODULES: tuple[str, ...] = (
+    "llama", "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
+    "mamba", "rwkv", "whisper",
+)
 
 
 @lru_cache(maxsize=1)

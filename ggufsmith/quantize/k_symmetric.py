@@ -9,16 +9,15 @@ dozen MiB.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_symmetric import (
     GROUP_MAX_EPS,
-    make_q3_quants,
     from_position_major,
+    ieee_quiet,
+    make_q3_quants,
     make_qx_quants,
     nearest_int,
     ordered_sum,
@@ -28,17 +27,6 @@ from ggufsmith.quantize.search_symmetric import (
 
 GROUP = 16
 GROUPS = QK_K // GROUP
-
-
-def _ieee_quiet(func):
-    """Extreme inputs overflow ggml's float32 math to Inf/NaN; we reproduce that without warnings."""
-
-    @functools.wraps(func)
-    def quiet(*args):
-        with np.errstate(all="ignore"):
-            return func(*args)
-
-    return quiet
 
 
 def _by_position(rows: np.ndarray) -> np.ndarray:
@@ -82,7 +70,7 @@ def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
 Q6_K_BYTES = QK_K // 2 + QK_K // 4 + GROUPS + 2
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
     x = _by_position(rows)
@@ -109,7 +97,7 @@ def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q6_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, Q6_K_BYTES)
     n_blocks = blocks.shape[0]
@@ -160,8 +148,21 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position * np.sqrt(sigma2_by_group + x * x)
 
 
-@_ieee_quiet
+# Q3_K makes some twenty full passes over its data besides the sweeps; on slices of 256K values
+# (1 MiB) they run from cache, about 20% faster overall than on the registry's 1M-value chunks.
+_Q3_K_SLICE_VALUES = 1 << 18
+
+
+@ieee_quiet
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    step = max(1, _Q3_K_SLICE_VALUES // rows.shape[1])
+    if rows.shape[0] <= step:
+        return _q3_k_quantize_slice(rows, importance)
+    slices = [_q3_k_quantize_slice(rows[i : i + step], importance) for i in range(0, rows.shape[0], step)]
+    return np.concatenate(slices)
+
+
+def _q3_k_quantize_slice(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     n_blocks = rows.size // QK_K
     x = _by_position(rows)
     if importance is None:
@@ -188,7 +189,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     return out.reshape(rows.shape[0], -1)
 
 
-@_ieee_quiet
+@ieee_quiet
 def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, Q3_K_BYTES)
     n_blocks = blocks.shape[0]
@@ -203,9 +204,10 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     group_scale = d * scales.astype(np.float32)
 
     low = ((qs >> (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]) & 3).reshape(n_blocks, 8, 32)
-    high_set = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-    levels = low.astype(np.int8) - np.where(high_set == 1, np.int8(0), np.int8(4))
-    values = group_scale[:, :, None] * levels.reshape(n_blocks, GROUPS, GROUP).astype(np.float32)
+    high = ((hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 2
+    # ggml: level - (high bit set ? 0 : 4), i.e. (level | high << 2) - 4
+    levels = (low | high).view(np.int8) - np.int8(4)
+    values = np.repeat(group_scale.reshape(-1), GROUP) * levels.reshape(-1).astype(np.float32)
     return values.reshape(data.shape[0], row_length)
 
 

@@ -17,6 +17,8 @@ of magnitude slower than arithmetic.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # ggml treats a group whose largest magnitude is below this as all zero.
@@ -31,6 +33,19 @@ Q3_TILE_GROUPS = 16384
 _ROUNDING_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23: adding it leaves round(x) in the low mantissa bits
 _ZERO = np.float32(0)
 _TRANSPOSE_SLICE = 256
+
+
+def ieee_quiet(func):
+    """Run a row function with numpy's float warnings off: for extreme inputs ggml's float32 math
+    overflows to Inf and makes NaN (e.g. 1/d of a subnormal d, x*x of a huge x), and we reproduce
+    that rather than warn about it."""
+
+    @functools.wraps(func)
+    def quiet(*args):
+        with np.errstate(all="ignore"):
+            return func(*args)
+
+    return quiet
 
 
 def nearest_int(values: np.ndarray) -> np.ndarray:
@@ -86,8 +101,18 @@ def from_position_major(by_position: np.ndarray) -> np.ndarray:
 
 
 def ordered_sum(terms: np.ndarray) -> np.ndarray:
-    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`."""
-    return np.add.reduce(terms, axis=0, initial=_ZERO)
+    """Sum over axis 0 in index order starting from +0.0, as a C loop `s = 0; s += t[i]`.
+
+    For a C-contiguous [n, groups >= 2] array numpy's reduce adds whole rows in order. With one
+    group the array is effectively 1-D and numpy sums it pairwise, which rounds differently: then
+    (and for any other layout) add the rows one by one.
+    """
+    if terms.ndim == 2 and terms.shape[1] >= 2 and terms.flags.c_contiguous:
+        return np.add.reduce(terms, axis=0, initial=_ZERO)
+    total = np.zeros(terms.shape[1:], dtype=np.float32)
+    for row in terms:
+        total += row
+    return total
 
 
 def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:

@@ -44,8 +44,8 @@ def _check_model(model: dict[str, Any], path: Path) -> None:
             raise TokenizerError(f"{path}: BPE {option}={model[option]!r} is not supported by llama.cpp")
     if model.get("byte_fallback"):
         raise TokenizerError(
-            f"{path}: BPE with byte_fallback is a SentencePiece-style tokenizer; convert it from its "
-            "tokenizer.model (a tokenizer.json alone is not supported for it)"
+            f"{path}: BPE with byte_fallback is a SentencePiece-style tokenizer, exported as kind 'llama', "
+            "not 'gpt2'"
         )
 
 

@@ -128,7 +128,13 @@ def load_sentencepiece_vocabulary(
     _check_supported(proto, model_path)
     vocab = Vocabulary(model="llama", pre="default", source=model_path, scores=[])
     for token_id, piece in enumerate(proto.pieces):
-        vocab.set_token(token_id, piece.piece, _SP_PIECE_TYPES.get(piece.type, TokenType.NORMAL), piece.score)
+        token_type = _SP_PIECE_TYPES.get(piece.type, TokenType.NORMAL)
+        text = piece.piece
+        if token_type == TokenType.USER_DEFINED:
+            # sentencepiece matches user-defined symbols in text whose spaces are "▁"; llama.cpp
+            # matches them in the raw text, so "▁myword" must read " myword" there.
+            text = text.replace(_WHITESPACE_MARK, " ")
+        vocab.set_token(token_id, text, token_type, piece.score)
     _apply_added_tokens(vocab, added_token_entries(model_dir, files, tokenizer_json), model_path)
 
     add_prefix = files.tokenizer_config.get("add_prefix_space")

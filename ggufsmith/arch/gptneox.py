@@ -1,0 +1,72 @@
+"""GPT-NeoX (`GPTNeoXForCausalLM`: Pythia, GPT-NeoX-20B, ...).
+
+The fused query_key_value interleaves heads: for each head its query, key and value rows. llama.cpp
+splits a fused qkv into all queries, all keys, all values, so the rows are regrouped (one query per
+group in common.regroup_qkv). Rotary embeddings cover the first rotary_pct of each head (NeoX-style
+rotation, which is llama.cpp's rope type for gptneox, so q and k need no permutation).
+`use_parallel_residual` selects x + attn(ln1 x) + mlp(ln2 x) over the sequential form.
+"""
+
+from __future__ import annotations
+
+from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
+from ggufsmith.arch.common import regroup_qkv, reject, rope_parameters, unscaled_rope_theta, weights_and_biases
+from ggufsmith.constants import Keys
+from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.gguf_writer.metadata import Metadata
+
+
+class GPTNeoX(Architecture):
+    name = "gptneox"
+    hf_classes = ("GPTNeoXForCausalLM",)
+    model_types = ("gpt_neox",)
+    tokenizer_kind = "gpt2"
+    tensor_names = {
+        "gpt_neox.embed_in.weight": "token_embd.weight",
+        "embed_out.weight": "output.weight",
+        **weights_and_biases({"gpt_neox.final_layer_norm": "output_norm"}),
+        **weights_and_biases(
+            {
+                "input_layernorm": "attn_norm",
+                "attention.query_key_value": "attn_qkv",
+                "attention.dense": "attn_output",
+                "post_attention_layernorm": "ffn_norm",
+                "mlp.dense_h_to_4h": "ffn_up",
+                "mlp.dense_4h_to_h": "ffn_down",
+            },
+            hf_prefix="gpt_neox.layers.{bid}.",
+            gguf_prefix="blk.{bid}.",
+        ),
+    }
+    # Buffers older checkpoints saved: the causal mask and the rotary frequencies (from the config).
+    ignored_tensors = (r"gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)",)
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        self.n_head = config.get("num_attention_heads")
+        self.hidden_size = config.get("hidden_size")
+        self.head_dim = self.hidden_size // self.n_head
+        # llama.cpp's gptneox always reads an `output` tensor; a tied model has none to give it.
+        reject(config, config.get("tie_word_embeddings", default=False), "tie_word_embeddings is set")
+        reject(config, not config.get("attention_bias", default=True), "attention_bias is false")
+
+    def metadata(self) -> Metadata:
+        c = self.config
+        rotary_fraction = rope_parameters(c).get("partial_rotary_factor", c.get("rotary_pct", default=1.0))
+        metadata = Metadata()
+        keys = ArchKeys(metadata, self.name)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("max_position_embeddings"))
+        keys.u32(Keys.LLM.EMBEDDING_LENGTH, self.hidden_size)
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("num_hidden_layers"))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get("intermediate_size"))
+        keys.u32(Keys.Rope.DIMENSION_COUNT, int(rotary_fraction * self.head_dim))
+        keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
+        keys.bool(Keys.LLM.USE_PARALLEL_RESIDUAL, c.get("use_parallel_residual", default=True))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_eps"))
+        keys.f32(Keys.Rope.FREQ_BASE, unscaled_rope_theta(c, "rotary_emb_base"))
+        return metadata
+
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        if name.endswith(("attn_qkv.weight", "attn_qkv.bias")):
+            return regroup_qkv(tensor, self.n_head, self.n_head, self.head_dim)
+        return tensor
