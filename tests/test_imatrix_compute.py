@@ -257,3 +257,32 @@ def test_too_little_text_is_a_one_line_error(models, tmp_path):
                            str(tmp_path / "i.gguf")], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 1
     assert "fewer than one chunk of 512" in done.stderr and not (tmp_path / "i.gguf").exists()
+
+
+def test_transposed_conv1d_weights_gpt2(tmp_path):
+    """GPT-2 stores its matrices as Conv1D (in, out): the importance is still over the input, ne0 of
+    the GGUF tensor, and the fused qkv matrix gets its layer-norm output."""
+    from tests.tokenizer_helpers import train_bpe
+
+    model_dir = train_bpe(tmp_path / "gpt2", "gpt2")
+    config = transformers.GPT2Config(vocab_size=tokenizer_vocab_size(model_dir), n_embd=64, n_layer=2, n_head=4,
+                                     n_positions=128, bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    randomize_weights(model, seed=0)
+    model.save_pretrained(model_dir)
+    text = calibration_text(7)
+    result = compute_imatrix(model_dir, text, chunk_size=CHUNK, max_chunks=2)
+    entries = result.entries()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ids, bos = tokenize_calibration(tokenizer, text)
+    assert bos is None  # GPT-2 adds no BOS, neither does llama.cpp for it
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h):
+            expected = 0
+            for chunk in split_chunks(ids, CHUNK, bos, 2):
+                hidden = model(torch.tensor([chunk]), output_hidden_states=True).hidden_states[i]
+                expected = expected + (block.ln_1(hidden)[0].double() ** 2).sum(0).numpy()
+            np.testing.assert_allclose(entries[f"blk.{i}.attn_qkv.weight"][0], expected, rtol=1e-5)
+            assert entries[f"blk.{i}.ffn_down.weight"][0].shape == (4 * 64,)
+            assert entries[f"blk.{i}.attn_output.weight"][0].shape == (64,)
