@@ -2,7 +2,7 @@
 """Quality of every quantization preset on the example model: size, bits per weight, KL divergence.
 
     python scripts/bench_presets.py [--model examples/tiny-llama] [--dir /tmp/ggufsmith-presets]
-                                    [--no-imatrix] [--tokens 1024]
+                                    [--no-imatrix] [--tokens 1024] [--wide]
 
 Each preset is made by ggufsmith straight from the checkpoint (`ggufsmith.convert(..., outtype=
 PRESET)`, what `ggufsmith convert --outtype PRESET` runs), then loaded in llama.cpp
@@ -12,6 +12,11 @@ and the mean over positions of KL(P_f32 || P_preset) of the next-token distribut
 F32 file's. With an importance matrix (default), a second KL column (not for Q8_0 and floats) uses one computed by
 `ggufsmith imatrix` on calibration text of the same kind but another seed (Q2_K_S needs one).
 The evaluation text, the calibration text and the windows are fixed, so runs are comparable.
+
+The example model's rows (128 and 352 values) are not multiples of 256, so every K-quant falls back
+to a legacy type there (as llama.cpp's quantizer does). `--wide` benchmarks instead the example model
+rebuilt by scripts/make_example_model.py at hidden 256 / feed-forward 768 (same tokenizer, seed and
+recipe), where the K-quants are used.
 """
 
 from __future__ import annotations
@@ -54,6 +59,22 @@ def text_lines(seed: int, n: int) -> list[str]:
     return lines
 
 
+def build_wide_example(example: Path, out: Path) -> Path:
+    """The example model's recipe at K-quant-friendly widths, with the example's tokenizer files."""
+    import shutil
+
+    import make_example_model as m
+
+    if not (out / "config.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        for f in example.iterdir():
+            if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+                shutil.copy(f, out / f.name)
+        m.CONFIG = dict(m.CONFIG, hidden_size=256, intermediate_size=768)
+        m.write_model(out)
+    return out
+
+
 def bits_per_weight(path: Path) -> float:
     import gguf
 
@@ -90,7 +111,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=1024, help="evaluation tokens (whole windows of 256)")
     parser.add_argument("--no-imatrix", action="store_true", help="skip the importance-matrix column")
     parser.add_argument("--presets", nargs="*", default=PRESETS)
+    parser.add_argument("--wide", action="store_true", help="the example model at hidden 256 / ff 768 (K-quants without fallback)")
     args = parser.parse_args()
+    if args.wide:
+        args.model = build_wide_example(args.model, args.dir / "tiny-llama-wide")
 
     import llama_cpp
 
