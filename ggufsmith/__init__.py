@@ -4,7 +4,7 @@ from ggufsmith.errors import GGUFError, GgufsmithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert"]
+__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "quantize_gguf"]
 
 
 def convert(src, dst, outtype: str = "f16", arch=None, **options):
@@ -12,3 +12,11 @@ def convert(src, dst, outtype: str = "f16", arch=None, **options):
     from ggufsmith.converters.pipeline import convert as _convert
 
     return _convert(src, dst, outtype, arch, **options)
+
+
+def quantize_gguf(src, dst, preset, **options):
+    """Quantize a GGUF file with a llama-quantize preset ("Q4_K_M", or a QuantizeRequest with all
+    options); see ggufsmith.converters.requantize.quantize_gguf."""
+    from ggufsmith.converters.requantize import quantize_gguf as _quantize_gguf
+
+    return _quantize_gguf(src, dst, preset, **options)

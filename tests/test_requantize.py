@@ -343,3 +343,51 @@ def test_convert_cli_with_preset_and_imatrix(models, imatrices, tmp_path):
     assert "bits per weight" in result.stderr and "Q8_0" in result.stderr  # the type table (MoE attn_v -> Q8_0)
     misuse = _cli("convert", model_dir, tmp_path / "x.gguf", "--outtype", "f16", "--imatrix", path, check=False)
     assert misuse.returncode == 1 and "preset" in misuse.stderr
+
+
+def _split(f32: Path, first: Path, n_first: int) -> list[Path]:
+    """Two parts of a gguf-split model, written with our writer and llama.cpp's split keys."""
+    from ggufsmith.constants import GGUFValueType
+    from ggufsmith.gguf_writer import GGUFWriter, Metadata
+    from ggufsmith.gguf_writer.reader import GGUFReader
+
+    reader = GGUFReader(f32)
+    parts = [reader.tensors[:n_first], reader.tensors[n_first:]]
+    paths = [first, first.with_name(first.name.replace("-00001-of-", "-00002-of-"))]
+    for index, (path, tensors) in enumerate(zip(paths, parts)):
+        md = Metadata()
+        if index == 0:
+            for key, value in reader.metadata.items():
+                md.add_value(key, value)
+        md.add("split.no", index, GGUFValueType.UINT16)
+        md.add("split.count", 2, GGUFValueType.UINT16)
+        md.add("split.tensors.count", len(reader.tensors), GGUFValueType.INT32)
+        with GGUFWriter(path, md) as writer:
+            for t in tensors:
+                writer.add_tensor(t.name, t.shape, t.ggml_type)
+            for t in tensors:
+                writer.write_tensor(t.name, t.data)
+    return paths
+
+
+def test_split_input_is_read_whole(models, tmp_path):
+    _, f32 = models["llama"]
+    first, _ = _split(f32, tmp_path / "model-00001-of-00002.gguf", 10)
+    assert llama_quantize(first, tmp_path / "theirs.gguf", get_preset("Q4_K_S").file_type) == 0
+    quantize_gguf(first, tmp_path / "ours.gguf", "Q4_K_S")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+
+
+
+def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
+    _, f32 = models["mixtral"]
+    first, _ = _split(f32, tmp_path / "model-00001-of-00002.gguf", 7)
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "ours").mkdir()
+    assert llama_quantize(first, tmp_path / "theirs" / "q", get_preset("Q3_K_M").file_type, keep_split=True) == 0
+    _cli("quantize", first, tmp_path / "ours" / "q.gguf", "Q3_K_M", "--keep-split", "-q")
+    names = sorted(p.name for p in (tmp_path / "theirs").iterdir())
+    assert names == ["q-00001-of-00002.gguf", "q-00002-of-00002.gguf"]
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == names
+    for name in names:
+        assert_same_file(tmp_path / "ours" / name, tmp_path / "theirs" / name)

@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"llama-quantize's preset: {', '.join(PRESETS)}")
     add_quantize_options(parser)
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
-    parser.add_argument("--keep-split", action="store_true", help="one output file per input part (not implemented yet)")
+    parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
 

@@ -120,20 +120,29 @@ def model_facts(metadata: Metadata) -> ModelFacts:
     )
 
 
-def apply_preset(plan: ConversionPlan, request: QuantizeRequest) -> ConversionPlan:
+def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: bool = False) -> ConversionPlan:
     """The plan of llama-quantize's output for `plan`'s file (each planned type = the type the
-    input tensor has). Raises QuantizationError where llama-quantize refuses."""
+    input tensor has). Raises QuantizationError where llama-quantize refuses. With `keep_order`
+    the tensors stay in the input's order (llama-quantize --keep-split: by part, then by offset)."""
     options = request.options()
     preset = options.preset
     imatrix = request.imatrix if options.has_imatrix else None
     by_name = {t.name: t for t in plan.tensors}
-    order = llama_tensor_order(by_name)
-    chooser = TypeChooser(options, model_facts(plan.metadata), order)
+    order = list(by_name) if keep_order else llama_tensor_order(by_name)
+    metadata = quantized_metadata(plan.metadata, preset.file_type, request)
+    # llama.cpp's loader sees the --override-kv values too (e.g. a block count) when it sizes the model
+    chooser = TypeChooser(options, model_facts(metadata), order)
     tensors = []
     for name in order:
         t = by_name[name]
+        fallbacks = chooser.n_fallback
         new_type = chooser.choose(name, t.shape, t.ggml_type)
-        note = "" if new_type == preset.default_type or new_type == t.ggml_type else f"{preset.name} rule"
+        if chooser.n_fallback > fallbacks:
+            note = f"fallback to {new_type.name}: rows of {t.shape[-1]} do not fit the blocks of the type chosen"
+        elif new_type in (preset.default_type, t.ggml_type):
+            note = ""
+        else:
+            note = f"{preset.name} rule"
         importance = None
         if new_type != t.ggml_type:
             if is_block_quantized(t.ggml_type) and not request.allow_requantize:
@@ -152,7 +161,6 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest) -> ConversionPl
                 importance = None
         tensors.append(dataclasses.replace(t, ggml_type=new_type, nbytes=_nbytes(t.shape, new_type), note=note,
                                            importance=importance))
-    metadata = quantized_metadata(plan.metadata, preset.file_type, request)
     return ConversionPlan(plan.architecture, preset.name.lower(), preset.file_type, metadata, tensors)
 
 

@@ -7,13 +7,15 @@ does not change are copied byte for byte, the others dequantized and quantized i
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from ggufsmith.constants import Keys
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.converters.gguf_source import open_gguf_model
 from ggufsmith.converters.pipeline import write_plan
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
-from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset
+from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key
+from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.writer import tensor_data_size
 
@@ -38,19 +40,44 @@ def quantize_gguf(
     if src.resolve() == dst.resolve() and not dry_run:
         raise ConversionError(f"{dst}: the output would overwrite the input; choose another file name")
     with open_gguf_model(src) as model:
-        if keep_split and model.n_splits > 1:
-            raise ConversionError(
-                f"{src}: --keep-split (one output file per input part) is not implemented yet; "
-                "leave it out to write the whole model into one file"
-            )
+        keep_split = keep_split and model.n_splits > 1  # as llama-quantize: one part in, one file out
         if Keys.General.ARCHITECTURE not in model.metadata:
             raise ConversionError(f"{src}: no general.architecture key; only model files can be quantized")
         planned = [
-            PlannedTensor(name, (), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
+            PlannedTensor(name, (t.source,), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
             for name, t in model.tensors.items()
         ]
         source = ConversionPlan(None, "input", int(model.metadata.get(Keys.General.FILE_TYPE, 0)), model.metadata, planned)
-        plan = apply_preset(source, request)
+        plan = apply_preset(source, request, keep_order=keep_split)
         if not dry_run:
-            write_plan(plan, dst, progress=progress)
+            if keep_split:
+                for path, part in split_plans(plan, dst, model.n_splits):
+                    write_plan(part, path, progress=progress)
+            else:
+                write_plan(plan, dst, progress=progress)
     return plan
+
+
+def split_plans(plan: ConversionPlan, dst: Path, n_splits: int) -> list[tuple[Path, ConversionPlan]]:
+    """llama-quantize --keep-split's files: part i holds the tensors of input part i, named
+    DST-0000i-of-0000n.gguf (DST without .gguf); the first part has all metadata, the others only
+    the split.* keys, which every part gets at the end."""
+    prefix = str(dst)[: -len(".gguf")] if str(dst).endswith(".gguf") else str(dst)
+    parts = []
+    for index in range(n_splits):
+        metadata = plan.metadata if index == 0 else Metadata()
+        metadata = _copy(metadata)
+        set_key(metadata, Keys.Split.NO, index, GGUFValueType.UINT16)
+        set_key(metadata, Keys.Split.COUNT, n_splits, GGUFValueType.UINT16)
+        set_key(metadata, Keys.Split.TENSORS_COUNT, len(plan.tensors), GGUFValueType.INT32)
+        tensors = [t for t in plan.tensors if t.tensor.split_index == index]
+        path = Path(f"{prefix}-{index + 1:05d}-of-{n_splits:05d}.gguf")
+        parts.append((path, dataclasses.replace(plan, metadata=metadata, tensors=tensors)))
+    return parts
+
+
+def _copy(metadata: Metadata) -> Metadata:
+    copy = Metadata()
+    for key, value in metadata.items():
+        copy.add_read_value(key, value)
+    return copy
