@@ -33,7 +33,7 @@ from ggufsmith.converters.imatrix_compute import (  # noqa: E402
     write_computed_imatrix,
 )
 from ggufsmith.quantize.imatrix import read_imatrix  # noqa: E402
-from tests.llama_models import VARIANTS, randomize_weights, tokenizer_vocab_size, with_tokenizer  # noqa: E402
+from tests.llama_models import randomize_weights, tokenizer_vocab_size, with_tokenizer  # noqa: E402
 from tests.tokenizer_helpers import train_sentencepiece, training_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -205,7 +205,6 @@ def _weighted_error(reference: np.ndarray, quantized: np.ndarray, importance: np
 def quantized(models, tmp_path_factory):
     """(variant, preset) -> (f32 weights, with imatrix, without, held-out importance), via the CLI."""
     import ggufsmith
-    import llama_cpp  # noqa: F401 - skip cleanly below if missing
 
     out = tmp_path_factory.mktemp("imatrix-quant")
     done = {}
