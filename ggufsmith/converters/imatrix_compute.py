@@ -108,6 +108,8 @@ def split_chunks(ids: list[int], chunk_size: int, bos: int | None, max_chunks: i
     """Consecutive chunks of `chunk_size` tokens, the rest dropped, BOS replacing each chunk's first token."""
     if chunk_size < 1:
         raise ConversionError(f"--chunk-size must be at least 1, got {chunk_size}")
+    if max_chunks is not None and max_chunks < 1:
+        raise ConversionError(f"--max-chunks must be at least 1, got {max_chunks}")
     n_chunks = len(ids) // chunk_size
     if max_chunks is not None:
         n_chunks = min(n_chunks, max_chunks)
