@@ -18,6 +18,7 @@ from ggufsmith.errors import GgufsmithError
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufsmith.converters.cli_convert", "convert a Hugging Face model folder to a GGUF file"),
     "quantize": ("ggufsmith.converters.cli_quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
+    "imatrix": ("ggufsmith.converters.cli_imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
 }
 
