@@ -196,6 +196,15 @@ def measure(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, floa
     return result["wall"], result["rss_kib"] / 1024, result["cpu"]
 
 
+def benchmark_env() -> dict[str, str]:
+    """This process's environment without the old-CPU workarounds that slow current numpy (see the
+    environment notes): off for every tool alike."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OPENBLAS_L2_SIZE", None)
+    return env
+
+
 def reference_script() -> Path:
     sys.path.insert(0, str(REPO / "tests"))
     from llamacpp_reference import reference_dir  # fetches llama-cpp-python's sdist once
@@ -213,10 +222,7 @@ def main() -> int:
     args = parser.parse_args()
 
     model_dir = generate_checkpoint(args.dir / "tinyllama-shaped-bf16")
-    env = dict(os.environ)
-    # Old-CPU workarounds that slow current numpy (see the environment notes); off for both tools alike.
-    env.pop("OPENBLAS_CORETYPE", None)
-    env.pop("OPENBLAS_L2_SIZE", None)
+    env = benchmark_env()
     tools = {"ggufsmith": lambda out, t: ([sys.executable, "-m", "ggufsmith", "convert", str(model_dir), str(out),
                                            "--outtype", t, "--quiet"], {**env, "PYTHONPATH": str(args.repo)})}
     if not args.skip_reference:

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_convert import REPO, generate_checkpoint, measure, reference_script  # noqa: E402
+from bench_convert import REPO, benchmark_env, generate_checkpoint, measure, reference_script  # noqa: E402
 
 QUANTIZE_SNIPPET = """
 import sys, llama_cpp
@@ -39,9 +39,7 @@ def main() -> int:
     args = parser.parse_args()
 
     model_dir = generate_checkpoint(args.dir / "tinyllama-shaped-bf16")
-    env = dict(os.environ)
-    env.pop("OPENBLAS_CORETYPE", None)
-    env.pop("OPENBLAS_L2_SIZE", None)
+    env = benchmark_env()
     ref = reference_script()
     f16 = args.dir / "intermediate-f16.gguf"
     theirs, ours = args.dir / f"llamacpp-{args.preset}.gguf", args.dir / f"ggufsmith-{args.preset}.gguf"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.llama_models import build_model, tokenizer_vocab_size, with_tokenizer
-from tests.llamacpp_reference import run_reference_converter
+from tests.llamacpp_reference import COMPARED_OUTTYPES, reference_conversions
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 # Llama 3 style: a byte-level BPE tokenizer.json; the others a SentencePiece tokenizer.model (llama 2).
@@ -65,18 +65,19 @@ def ours(model_dirs):
 
 @pytest.fixture(scope="session")
 def reference(model_dirs, tokenizer_dirs, tmp_path_factory):
-    """(variant, outtype) -> convert_hf_to_gguf.py's GGUF of the same folder. For a BPE variant it
-    converts the same config and weights with the SentencePiece tokenizer (see BPE_VARIANTS), so its
-    tensors and llama.* keys are comparable and its tokenizer.* keys are not."""
+    """(variant, outtype) -> convert_hf_to_gguf.py's GGUF of the same folder; the first request for a
+    variant converts it to all COMPARED_OUTTYPES at once. For a BPE variant it converts the same
+    config and weights with the SentencePiece tokenizer (see BPE_VARIANTS), so its tensors and
+    llama.* keys are comparable and its tokenizer.* keys are not."""
 
     def make(variant: str, outtype: str) -> Path:
         model_dir = model_dirs(variant)
         if variant in BPE_VARIANTS:
             model_dir = _once(("sp-copy", variant), lambda: _with_weights(
                 with_tokenizer(tmp_path_factory.mktemp(f"{variant}-sp"), tokenizer_dirs["sp"]), model_dirs(variant)))
-        return run_reference_converter(model_dir, model_dir / f"reference-{outtype}.gguf", outtype)
+        return reference_conversions(model_dir, model_dir, COMPARED_OUTTYPES)[outtype]
 
-    return lambda variant, outtype: _once(("reference", variant, outtype), lambda: make(variant, outtype))
+    return make
 
 
 def _with_weights(model_dir: Path, source: Path) -> Path:

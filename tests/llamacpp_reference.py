@@ -5,8 +5,9 @@ version the tests pin (the llama.cpp whose loader the tests also run), fetched o
 cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
 (environment variable CI set) that is a failure, so a broken fetch cannot silently disable them.
 
-    from tests.llamacpp_reference import run_reference_converter
+    from tests.llamacpp_reference import run_reference_converter, reference_conversions
     run_reference_converter(model_dir, out_path, "f16")
+    reference_conversions(model_dir, out_dir, ("f32", "f16"))  # {"f32": path, "f16": path}, cached
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # What the converter needs from the sdist: the script, its model classes and its gguf package.
 _MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+# The outtypes ggufsmith's llama files are compared with the reference's at.
+COMPARED_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+# Keys of a llama with a SentencePiece tokenizer where ggufsmith's value differs from the reference's
+# on purpose, with the reason: all are the tokenizer exporter's documented choices (docs/tokenizers.md,
+# tests/test_tokenizer_vs_convert_hf.py). The llama.* and general.* keys and every tensor are the same.
+TOKENIZER_KEY_DIFFERENCES: dict[str, str] = {
+    "tokenizer.ggml.token_type": "SentencePiece user-defined symbols are typed USER_DEFINED; the reference "
+                                 "leaves them NORMAL and llama.cpp then splits them into pieces",
+    "tokenizer.ggml.eot_token_id": "written explicitly; llama.cpp finds the same id by its text at load time",
+    "tokenizer.ggml.unknown_token_id": "the reference looks special tokens up in tokenizer.json only, absent here",
+    "tokenizer.ggml.add_space_prefix": "from SentencePiece's normalizer spec, explicit instead of llama.cpp's default",
+    "tokenizer.ggml.remove_extra_whitespaces": "from SentencePiece's normalizer spec, explicit instead of the default",
+}
 
 
 def cache_root() -> Path:
@@ -82,9 +98,46 @@ def run_reference_converter(model_dir: Path, outfile: Path, outtype: str, *extra
     """Run convert_hf_to_gguf.py on `model_dir`; returns `outfile`. Fails the test with its stderr tail."""
     script = reference_dir() / "convert_hf_to_gguf.py"
     cmd = [sys.executable, str(script), str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra]
+    _run(cmd, model_dir, timeout)
+    return Path(outfile)
+
+
+def _run(cmd: list[str], model_dir: Path, timeout: float) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env(), timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise AssertionError(f"convert_hf_to_gguf.py failed ({proc.returncode}) on {model_dir}:\n{tail}")
-    return Path(outfile)
 
+
+# One process converting a model to several outtypes: most of a run's ~12 s is importing torch and
+# transformers, which this pays once. Each conversion is the script's own main() with the command
+# line it would get if run by itself.
+_CONVERT_EACH_OUTTYPE = """
+import sys
+from pathlib import Path
+
+script, model_dir, out_dir, *outtypes = sys.argv[1:]
+sys.path.insert(0, str(Path(script).parent))
+import convert_hf_to_gguf
+
+for outtype in outtypes:
+    outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype]
+    convert_hf_to_gguf.main()
+"""
+
+_conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
+
+
+def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...]) -> dict[str, Path]:
+    """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
+
+    Made once per test session for a given folder and outtypes, all in one Python process."""
+    key = (Path(model_dir).resolve(), tuple(outtypes))
+    if key not in _conversions:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        script = reference_dir() / "convert_hf_to_gguf.py"
+        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
+             model_dir, timeout=1800)
+        _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
+    return _conversions[key]

@@ -1,12 +1,11 @@
 """Whole files against llama.cpp's convert_hf_to_gguf.py: same keys and values, same tensors
 (names, shapes, types, bytes) for a small transformers llama with a trained SentencePiece tokenizer.
 
-Differences that are deliberate are listed in ALLOWED_DIFFERENCES with the reason.
+Differences that are deliberate are listed in TOKENIZER_KEY_DIFFERENCES with the reason.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +13,7 @@ import pytest
 
 import ggufsmith
 from ggufsmith.arch.registry import all_architectures
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llamacpp_reference import run_reference_converter  # noqa: E402
+from tests.llamacpp_reference import COMPARED_OUTTYPES, TOKENIZER_KEY_DIFFERENCES, reference_conversions
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
@@ -26,22 +23,10 @@ pytestmark = [
     pytest.mark.skipif("llama" not in all_architectures(), reason="the llama plugin is not on this branch yet"),
 ]
 
-# key -> why ggufsmith's value may differ from convert_hf_to_gguf.py's. All are the tokenizer
-# exporter's documented choices (tests/test_tokenizer_vs_convert_hf.py); general.*, the llama.*
-# keys and every tensor must be the same.
-ALLOWED_DIFFERENCES: dict[str, str] = {
-    "tokenizer.ggml.token_type": "SentencePiece user-defined symbols are typed USER_DEFINED; the reference "
-                                 "leaves them NORMAL and llama.cpp then splits them into pieces",
-    "tokenizer.ggml.eot_token_id": "written explicitly; llama.cpp finds the same id by its text at load time",
-    "tokenizer.ggml.unknown_token_id": "the reference looks special tokens up in tokenizer.json only, absent here",
-    "tokenizer.ggml.add_space_prefix": "from SentencePiece's normalizer spec, explicit instead of llama.cpp's default",
-    "tokenizer.ggml.remove_extra_whitespaces": "from SentencePiece's normalizer spec, explicit instead of the default",
-}
-
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
-    from tokenizer_helpers import train_sentencepiece
+    from tests.tokenizer_helpers import train_sentencepiece
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model_dir = tmp_path_factory.mktemp("ref") / "Tiny-Llama-Chat-v0.1"
@@ -63,16 +48,16 @@ def _contents(path: Path) -> tuple[dict, dict]:
     return fields, tensors
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0"])
+@pytest.mark.parametrize("outtype", COMPARED_OUTTYPES)
 def test_same_file_as_convert_hf_to_gguf(tmp_path, llama_dir, outtype):
-    theirs_path = run_reference_converter(llama_dir, tmp_path / "theirs.gguf", outtype)
+    theirs_path = reference_conversions(llama_dir, llama_dir.parent / "reference", COMPARED_OUTTYPES)[outtype]
     ggufsmith.convert(llama_dir, tmp_path / "ours.gguf", outtype)
     ours, ours_t = _contents(tmp_path / "ours.gguf")
     theirs, theirs_t = _contents(theirs_path)
 
-    assert sorted(set(ours) ^ set(theirs)) == sorted(k for k in ALLOWED_DIFFERENCES if (k in ours) != (k in theirs))
+    assert sorted(set(ours) ^ set(theirs)) == sorted(k for k in TOKENIZER_KEY_DIFFERENCES if (k in ours) != (k in theirs))
     for key in theirs:
-        if key in ours and key not in ALLOWED_DIFFERENCES:
+        if key in ours and key not in TOKENIZER_KEY_DIFFERENCES:
             a, b = ours[key], theirs[key]
             if isinstance(b, float):
                 assert a == pytest.approx(b, rel=1e-6), key

@@ -16,7 +16,6 @@ Oracles:
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ from ggufsmith.converters.imatrix_compute import (  # noqa: E402
     write_computed_imatrix,
 )
 from ggufsmith.quantize.imatrix import read_imatrix  # noqa: E402
+from tests.requant_oracle import llama_quantize  # noqa: E402
 from tests.llama_models import randomize_weights, tokenizer_vocab_size, with_tokenizer  # noqa: E402
 from tests.tokenizer_helpers import train_sentencepiece, training_text  # noqa: E402
 
@@ -185,27 +185,6 @@ def test_same_statistics_as_llama_cpp_collects(models, tmp_path, variant):
 
 # --- llama.cpp's quantizer -------------------------------------------------------------------------
 
-def _quantize(src: Path, dst: Path, file_type: int, imatrix: dict[str, np.ndarray] | None) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = file_type
-    params.nthread = 2
-    keep = []
-    if imatrix is not None:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
-        for i, (name, values) in enumerate(imatrix.items()):
-            values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-            keep.append(values)
-            entries[i].name = name.encode()
-            entries[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            entries[i].size = values.size
-        entries[len(imatrix)].name = None
-        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
-        keep.append(entries)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) == 0
-
-
 def _weights(path: Path) -> dict[str, tuple[int, np.ndarray]]:
     """name -> (ggml type, float32 values decoded by ggml's own dequantizer), numpy shape."""
     import gguf
@@ -259,8 +238,8 @@ def quantized(models, tmp_path_factory):
         file_type = int(get_preset(preset).file_type)
         calib = read_imatrix(out / f"{variant}-calib.gguf")
         with_imatrix, without = out / f"{variant}-{preset}-imatrix.gguf", out / f"{variant}-{preset}.gguf"
-        _quantize(f32, with_imatrix, file_type, calib.entries)
-        _quantize(f32, without, file_type, None)
+        assert llama_quantize(f32, with_imatrix, file_type, imatrix=calib.entries) == 0
+        assert llama_quantize(f32, without, file_type) == 0
         done[variant, preset] = (_weights(f32), _weights(with_imatrix), _weights(without),
                                  read_imatrix(out / f"{variant}-heldout.gguf").entries)
         return done[variant, preset]

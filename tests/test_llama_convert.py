@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.llama_fixtures import BPE_VARIANTS, model_dirs, ours, reference, tokenizer_dirs  # noqa: F401 (fixtures)
+from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES
 from tests.llama_models import VARIANTS, build_model, tokenizer_vocab_size, with_tokenizer
 from tests.tokenizer_helpers import CHECK_TEXT
 
@@ -126,19 +127,6 @@ def test_tied_model_with_a_stored_lm_head_keeps_it(tmp_path, tokenizer_dirs):
 
 # --- the same file as llama.cpp's converter ---------------------------------------------------------
 
-# Keys that differ from convert_hf_to_gguf.py's output on purpose, with the reason.
-# The llama.* and general.* keys and every tensor are the same; what differs is the tokenizer
-# exporter's deliberate choices (docs/tokenizers.md, tests/test_tokenizer_vs_convert_hf.py).
-EXPECTED_KEY_DIFFERENCES: dict[str, str] = {
-    "tokenizer.ggml.token_type": "SentencePiece user-defined symbols are typed USER_DEFINED; the reference "
-                                 "leaves them NORMAL and llama.cpp then splits them into pieces",
-    "tokenizer.ggml.eot_token_id": "written explicitly; llama.cpp finds the same id by its text at load time",
-    "tokenizer.ggml.unknown_token_id": "the reference looks special tokens up in tokenizer.json only, absent here",
-    "tokenizer.ggml.add_space_prefix": "from SentencePiece's normalizer spec, explicit instead of llama.cpp's default",
-    "tokenizer.ggml.remove_extra_whitespaces": "from SentencePiece's normalizer spec, explicit instead of the default",
-}
-
-
 def _fields(reader) -> dict[str, tuple]:
     import gguf
 
@@ -161,14 +149,14 @@ def test_same_file_as_llamacpp_converter(ours, reference, variant, outtype):
 
 
 def assert_same_file(our_path: Path, their_path: Path) -> None:
-    """Keys and values, tensor names, shapes, types and bytes equal, but for EXPECTED_KEY_DIFFERENCES."""
+    """Keys and values, tensor names, shapes, types and bytes equal, but for TOKENIZER_KEY_DIFFERENCES."""
     import gguf
 
     our_reader, their_reader = gguf.GGUFReader(our_path), gguf.GGUFReader(their_path)
 
     our_fields, their_fields = _fields(our_reader), _fields(their_reader)
     differing = {key for key in our_fields.keys() | their_fields.keys() if our_fields.get(key) != their_fields.get(key)}
-    assert differing <= EXPECTED_KEY_DIFFERENCES.keys(), {k: (our_fields.get(k), their_fields.get(k)) for k in differing}
+    assert differing <= TOKENIZER_KEY_DIFFERENCES.keys(), {k: (our_fields.get(k), their_fields.get(k)) for k in differing}
 
     our_tensors = {t.name: t for t in our_reader.tensors}
     their_tensors = {t.name: t for t in their_reader.tensors}

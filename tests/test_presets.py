@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
@@ -18,8 +16,9 @@ from ggufsmith.quantize.presets import (
     requires_importance,
 )
 from tests.llama_gguf_models import write_llama_gguf
+from tests.requant_oracle import llama_quantize
 
-llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 
 MODELS = {
@@ -42,24 +41,7 @@ def _facts(cfg) -> ModelFacts:
 
 
 def _llama_cpp_types(src, dst, preset, imatrix=None, **params) -> dict[str, GGMLType]:
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = int(preset.file_type)
-    p.nthread = 2
-    for key, value in params.items():
-        setattr(p, key, value)
-    keep = []
-    if imatrix is not None:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
-        for i, (name, values) in enumerate(imatrix.items()):
-            values = np.ascontiguousarray(values, dtype=np.float32)
-            keep.append(values)
-            entries[i].name = name.encode()
-            entries[i].data = values.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            entries[i].size = values.size
-        entries[len(imatrix)].name = None
-        p.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
-        keep.append(entries)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), p) == 0
+    assert llama_quantize(src, dst, preset.file_type, imatrix=imatrix, **params) == 0
     return {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(dst).tensors}
 
 
@@ -102,9 +84,7 @@ def test_types_with_imatrix_match_llama_quantize(model_files, tmp_path, preset_n
 def test_q2_k_s_requires_imatrix_like_llama_cpp(model_files, tmp_path):
     src, cfg, shapes = model_files["gqa"]
     preset = get_preset("Q2_K_S")
-    p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = int(preset.file_type)
-    assert llama_cpp.llama_model_quantize(str(src).encode(), str(tmp_path / "o.gguf").encode(), p) != 0
+    assert llama_quantize(src, tmp_path / "o.gguf", preset.file_type) != 0
     ours = _our_types(shapes, cfg, QuantizeOptions(preset))
     assert any(requires_importance(n, t, preset) for n, t in ours.items())
 

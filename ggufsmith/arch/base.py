@@ -125,6 +125,10 @@ class Architecture:
     tensor_names: ClassVar[dict[str, str]] = {}  # HF pattern -> GGUF pattern
     ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
+    # Regex of the HF output-head tensor that is dropped when config.json ties it to the token
+    # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
+    # uses token_embd in its place. None: the plugin decides itself (llama keeps a stored lm_head).
+    tied_output_head: ClassVar[str | None] = None
 
     def __init__(self, config: HFConfig) -> None:
         self.config = config
@@ -153,14 +157,13 @@ class Architecture:
         weight would give a model that loads and produces wrong output.
         """
         patterns = _compile_patterns(self.tensor_names)
-        ignored = [re.compile(p) for p in self.ignored_tensors]
+        ignored = [re.compile(p) for p in self._ignored_patterns()]
         singles: dict[str, tuple[str, LazyTensor]] = {}
         expert_groups: dict[str, dict[int, tuple[str, LazyTensor]]] = {}
         order: list[str] = []
         unmapped: list[str] = []
         for hf_name, tensor in source.items():
-            # Ignoring wins over a name pattern, so that a plugin can drop a tensor it would map
-            # otherwise (a tied lm_head) by adding to ignored_tensors.
+            # Ignoring wins over a name pattern, so that a tied output head (mapped when untied) is dropped.
             if any(p.fullmatch(hf_name) for p in ignored):
                 continue
             target = _match(patterns, hf_name)
@@ -196,6 +199,11 @@ class Architecture:
                 tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{gguf_name} <- {sources[0]}...")
             mapped.append(MappedTensor(gguf_name, sources, self.transform(gguf_name, tensor)))
         return mapped
+
+    def _ignored_patterns(self) -> tuple[str, ...]:
+        if self.tied_output_head and self.config.get("tie_word_embeddings", default=True):
+            return (*self.ignored_tensors, self.tied_output_head)
+        return self.ignored_tensors
 
     def keep_f32(self, gguf_name: str) -> bool:
         return any(re.fullmatch(p, gguf_name) for p in self.f32_tensors)

@@ -41,6 +41,7 @@ class Bloom(Architecture):
     hf_classes = ("BloomForCausalLM", "BloomModel")
     model_types = ("bloom",)
     tokenizer_kind = "gpt2"
+    tied_output_head = r"lm_head\.weight"
     tensor_names = {
         "lm_head.weight": "output.weight",
         **{f"transformer.{hf}": gguf for hf, gguf in _NAMES.items()},
@@ -56,8 +57,6 @@ class Bloom(Architecture):
             config.get("apply_residual_connection_post_layernorm", default=False),
             "apply_residual_connection_post_layernorm is set",
         )
-        if config.get("tie_word_embeddings", default=True):
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -37,6 +37,7 @@ class Falcon(Architecture):
     hf_classes = ("FalconForCausalLM", "RWForCausalLM")
     model_types = ("falcon", "RefinedWeb", "RefinedWebModel")
     tokenizer_kind = "gpt2"
+    tied_output_head = r"lm_head\.weight"
     tensor_names = {
         "transformer.word_embeddings.weight": "token_embd.weight",
         "lm_head.weight": "output.weight",
@@ -76,9 +77,6 @@ class Falcon(Architecture):
             not new_decoder and not config.get("parallel_attn", default=True),
             "parallel_attn is false (attention and MLP in sequence)",
         )
-        if config.get("tie_word_embeddings", default=True):
-            # Tied: transformers uses the embeddings as lm_head, so does llama.cpp without `output`.
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -42,6 +42,7 @@ class GPT2(Architecture):
     hf_classes = ("GPT2LMHeadModel",)
     model_types = ("gpt2",)
     tokenizer_kind = "gpt2"
+    tied_output_head = r"lm_head\.weight"
     tensor_names = {
         "lm_head.weight": "output.weight",
         **{f"transformer.{hf}": gguf for hf, gguf in _NAMES.items()},
@@ -56,8 +57,6 @@ class GPT2(Architecture):
         super().__init__(config)
         reject(config, config.get("scale_attn_by_inverse_layer_idx", default=False), "scale_attn_by_inverse_layer_idx is set")
         reject(config, not config.get("scale_attn_weights", default=True), "scale_attn_weights is false")
-        if config.get("tie_word_embeddings", default=True):
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -28,6 +28,7 @@ class Mamba(Architecture):
     hf_classes = ("MambaForCausalLM",)
     model_types = ("mamba",)
     tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
+    tied_output_head = r"lm_head\.weight"
     tensor_names = {
         "backbone.embeddings.weight": "token_embd.weight",
         "backbone.norm_f.weight": "output_norm.weight",
@@ -45,12 +46,6 @@ class Mamba(Architecture):
         "backbone.layers.{bid}.mixer.out_proj.weight": "blk.{bid}.ssm_out.weight",
     }
     f32_tensors = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        if config.get("tie_word_embeddings", default=True):
-            # A tied lm_head is the embedding; llama.cpp reuses token_embd when output is absent.
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -23,6 +23,7 @@ class MPT(Architecture):
     hf_classes = ("MptForCausalLM", "MPTForCausalLM")
     model_types = ("mpt",)
     tokenizer_kind = "gpt2"
+    tied_output_head = r"lm_head\.weight"
     tensor_names = {
         "transformer.wte.weight": "token_embd.weight",
         "transformer.wpe.weight": "position_embd.weight",  # MosaicML's learned_pos_emb without alibi
@@ -60,8 +61,6 @@ class MPT(Architecture):
         )
         reject(config, config.get("logit_scale", default=None) is not None, "logit_scale is set")
         reject(config, self.attn_config.get("prefix_lm", False), "attn_config.prefix_lm is set")
-        if config.get("tie_word_embeddings", default=True):
-            self.ignored_tensors = (*type(self).ignored_tensors, r"lm_head\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -64,6 +64,7 @@ class Whisper(Architecture):
     hf_classes = ("WhisperForConditionalGeneration",)
     model_types = ("whisper",)
     tokenizer_kind = "gpt2"  # tokenizer.json, byte-level BPE with Whisper's special tokens
+    tied_output_head = r"proj_out\.weight"
     tensor_names = {
         **_weight_and_bias("model.encoder.conv1", "enc.conv1d.1"),
         **_weight_and_bias("model.encoder.conv2", "enc.conv1d.2"),
@@ -81,12 +82,6 @@ class Whisper(Architecture):
     # Conv kernels have rows of 3 (no block type fits); position tables and the mel bank are
     # kept exact as llama.cpp keeps its position embeddings.
     f32_tensors = (r"enc\.conv1d\.\d\.weight", r"(enc|dec)\.pos_embd\.weight", r"enc\.mel_filters\.weight")
-
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        if config.get("tie_word_embeddings", default=True):
-            # proj_out is the token embedding; a reader uses token_embd when output is absent.
-            self.ignored_tensors = (*type(self).ignored_tensors, r"proj_out\.weight")
 
     def metadata(self) -> Metadata:
         c = self.config

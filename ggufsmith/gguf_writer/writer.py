@@ -148,15 +148,7 @@ class GGUFWriter:
 
         For big-endian files the data is given in native (little-endian) byte order and swapped here.
         """
-        if self._state == "declaring":
-            self._write_header()
-        self._expect("writing", f"write tensor {name!r}")
-        if self._next >= len(self._tensors):
-            raise self._fail(f"tensor {name!r} was not declared (all declared tensors are written)")
-        info = self._tensors[self._next]
-        if name != info.name:
-            known = "declared" if name in self._names else "not declared"
-            raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+        info = self._next_tensor(name)
         try:
             raw = _as_bytes_view(data)
             if raw.nbytes != info.nbytes:
@@ -177,15 +169,7 @@ class GGUFWriter:
     def write_tensor_pieces(self, name: str, pieces: Iterable[np.ndarray | bytes | bytearray | memoryview]) -> None:
         """Like write_tensor, with the data given as consecutive pieces (a large tensor converted
         in slices of rows), so that the whole tensor never has to be in memory at once."""
-        if self._state == "declaring":
-            self._write_header()
-        self._expect("writing", f"write tensor {name!r}")
-        if self._next >= len(self._tensors):
-            raise self._fail(f"tensor {name!r} was not declared (all declared tensors are written)")
-        info = self._tensors[self._next]
-        if name != info.name:
-            known = "declared" if name in self._names else "not declared"
-            raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+        info = self._next_tensor(name)
         if self.byteorder == "big":
             raise self._fail(f"tensor {name}: pieces are not supported for big-endian files; use write_tensor")
         try:
@@ -206,6 +190,19 @@ class GGUFWriter:
             self.abort()
             raise
         self._next += 1
+
+    def _next_tensor(self, name: str) -> TensorInfo:
+        """The declared tensor whose data comes next, checked to be `name` (writes the header first)."""
+        if self._state == "declaring":
+            self._write_header()
+        self._expect("writing", f"write tensor {name!r}")
+        if self._next >= len(self._tensors):
+            raise self._fail(f"tensor {name!r} was not declared (all declared tensors are written)")
+        info = self._tensors[self._next]
+        if name != info.name:
+            known = "declared" if name in self._names else "not declared"
+            raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
+        return info
 
     def finish(self) -> Path:
         """Check every tensor was written, then move the file into place. Returns the path."""
