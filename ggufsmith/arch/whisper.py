@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.common import weights_and_biases
 from ggufsmith.constants import Keys
 from ggufsmith.converters.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
@@ -44,18 +45,15 @@ def _attention(hf: str, gguf: str) -> dict[str, str]:
     return table
 
 
-def _weight_and_bias(hf: str, gguf: str) -> dict[str, str]:
-    return {f"{hf}.{part}": f"{gguf}.{part}" for part in ("weight", "bias")}
-
-
 def _block(hf: str, gguf: str) -> dict[str, str]:
     """Self-attention and feed-forward of one encoder or decoder layer."""
     return {
-        **_weight_and_bias(f"{hf}.self_attn_layer_norm", f"{gguf}.attn_norm"),
         **_attention(f"{hf}.self_attn", f"{gguf}.attn"),
-        **_weight_and_bias(f"{hf}.final_layer_norm", f"{gguf}.ffn_norm"),
-        **_weight_and_bias(f"{hf}.fc1", f"{gguf}.ffn_up"),
-        **_weight_and_bias(f"{hf}.fc2", f"{gguf}.ffn_down"),
+        **weights_and_biases(
+            {"self_attn_layer_norm": "attn_norm", "final_layer_norm": "ffn_norm", "fc1": "ffn_up", "fc2": "ffn_down"},
+            hf_prefix=f"{hf}.",
+            gguf_prefix=f"{gguf}.",
+        ),
     }
 
 
@@ -66,17 +64,16 @@ class Whisper(Architecture):
     tokenizer_kind = "gpt2"  # tokenizer.json, byte-level BPE with Whisper's special tokens
     tied_output_head = r"proj_out\.weight"
     tensor_names = {
-        **_weight_and_bias("model.encoder.conv1", "enc.conv1d.1"),
-        **_weight_and_bias("model.encoder.conv2", "enc.conv1d.2"),
+        **weights_and_biases({"model.encoder.conv1": "enc.conv1d.1", "model.encoder.conv2": "enc.conv1d.2"}),
         "model.encoder.embed_positions.weight": "enc.pos_embd.weight",
         **_block("model.encoder.layers.{bid}", "enc.blk.{bid}"),
-        **_weight_and_bias("model.encoder.layer_norm", "enc.output_norm"),
+        **weights_and_biases({"model.encoder.layer_norm": "enc.output_norm"}),
         "model.decoder.embed_tokens.weight": "token_embd.weight",
         "model.decoder.embed_positions.weight": "dec.pos_embd.weight",
         **_block("model.decoder.layers.{bid}", "dec.blk.{bid}"),
-        **_weight_and_bias("model.decoder.layers.{bid}.encoder_attn_layer_norm", "dec.blk.{bid}.cross_attn_norm"),
+        **weights_and_biases({"model.decoder.layers.{bid}.encoder_attn_layer_norm": "dec.blk.{bid}.cross_attn_norm"}),
         **_attention("model.decoder.layers.{bid}.encoder_attn", "dec.blk.{bid}.cross_attn"),
-        **_weight_and_bias("model.decoder.layer_norm", "dec.output_norm"),
+        **weights_and_biases({"model.decoder.layer_norm": "dec.output_norm"}),
         "proj_out.weight": "output.weight",
     }
     # Conv kernels have rows of 3 (no block type fits); position tables and the mel bank are
