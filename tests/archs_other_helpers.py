@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "architectures-other.md"

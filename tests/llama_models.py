@@ -84,7 +84,7 @@ def checkpoint_tensors(model_dir: Path):
     """The saved checkpoint's tensors, read by the safetensors library: name -> LazyTensor."""
     from safetensors.numpy import load_file
 
-    from ggufsmith.converters.lazy_tensor import LazyTensor
+    from ggufsmith.readers.lazy_tensor import LazyTensor
 
     return {name: LazyTensor.from_array(array, source=name)
             for name, array in load_file(Path(model_dir) / "model.safetensors").items()}

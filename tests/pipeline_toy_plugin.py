@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.constants import Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
 
 

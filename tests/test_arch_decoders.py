@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggufsmith.arch.base import HFConfig
+from ggufsmith.readers.config import HFConfig
 from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGUFValueType
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from tests.decoder_models import VARIANTS, build_model, rewrite_as_rw_config
 

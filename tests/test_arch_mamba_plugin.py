@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ggufsmith.arch.base import HFConfig
+from ggufsmith.readers.config import HFConfig
 from ggufsmith.arch.mamba import Mamba
 from ggufsmith.arch.registry import find_architecture
 from ggufsmith.constants import GGUFValueType

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ggufsmith.constants import GGUFValueType
-from ggufsmith.converters.tokenizer.rwkv_world import RWKV_WORLD_VOCAB, escape_token, export_rwkv_world, read_rwkv_world_vocab
+from ggufsmith.tokenizer.rwkv_world import RWKV_WORLD_VOCAB, escape_token, export_rwkv_world, read_rwkv_world_vocab
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from tests.archs_other_helpers import (
@@ -179,7 +179,7 @@ def test_a_smaller_embedding_than_the_vocabulary_is_refused(rwkv_case):
 
 
 def test_no_rescaling_when_the_config_has_none(rwkv_case):
-    from ggufsmith.arch.base import HFConfig
+    from ggufsmith.readers.config import HFConfig
     from ggufsmith.arch.rwkv import Rwkv
     from tests.archs_other_helpers import lazy_source
 
@@ -193,9 +193,9 @@ def test_no_rescaling_when_the_config_has_none(rwkv_case):
 
 def test_pile_models_tokenizer_json_is_exported_as_bpe(tmp_path):
     """RWKV-4 Pile checkpoints ship GPT-NeoX's tokenizer.json instead of the world vocabulary."""
-    from ggufsmith.arch.base import HFConfig
+    from ggufsmith.readers.config import HFConfig
     from ggufsmith.arch.rwkv import Rwkv
-    from ggufsmith.converters.tokenizer import export_tokenizer
+    from ggufsmith.tokenizer import export_tokenizer
     from tests import tokenizer_helpers
 
     tokenizer_helpers.train_bpe(tmp_path, "gpt2", vocab_size=300)

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from ggufsmith.arch.base import HFConfig
+from ggufsmith.readers.config import HFConfig
 from ggufsmith.arch.registry import find_architecture
 from tests.decoder_models import build_model
 from tests.llama_models import checkpoint_tensors

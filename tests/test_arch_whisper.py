@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from ggufsmith.arch.base import HFConfig
+from ggufsmith.readers.config import HFConfig
 from ggufsmith.arch.whisper import MEL_FILTERS, Whisper
 from tests import tokenizer_helpers
 from tests.archs_other_helpers import (
@@ -109,7 +109,7 @@ def test_tokenizer_is_exported_as_it_ships(whisper_case, whisper_f32, tmp_path):
         assert types[tokenizer.convert_tokens_to_ids(special)] == 3, special
     assert keys["tokenizer.ggml.model"] == ("gpt2", "STRING")
 
-    from ggufsmith.converters.tokenizer import export_tokenizer
+    from ggufsmith.tokenizer import export_tokenizer
 
     vocab = tokenizer_helpers.write_vocab_gguf(
         export_tokenizer(whisper_case[0], vocab_size=CONFIG["vocab_size"]), tmp_path / "v.gguf", arch="gpt2")

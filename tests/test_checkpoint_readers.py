@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from ggufsmith.converters.checkpoint import open_checkpoint
-from ggufsmith.converters.safetensors import SafetensorsFile
+from ggufsmith.readers.checkpoint import open_checkpoint
+from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ def test_bin_without_torch_asks_for_the_extra(tmp_path, tiny_llama_model):
     save_torch_bin(tiny_llama_model.to(torch.float32), tmp_path, sharded=False)
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from ggufsmith.converters.checkpoint import open_checkpoint\n"
+        "from ggufsmith.readers.checkpoint import open_checkpoint\n"
         "from ggufsmith.errors import ConversionError\n"
         f"try: open_checkpoint({str(tmp_path)!r})\n"
         "except ConversionError as e: print(e)\n"

@@ -376,8 +376,8 @@ def test_stacked_experts_stream_in_slices_across_expert_boundaries(tmp_path, mon
     from safetensors.torch import save_file
 
     import ggufsmith.converters.pipeline as pipeline
-    from ggufsmith.converters.checkpoint import open_checkpoint
-    from ggufsmith.converters.lazy_tensor import RowSlicedTensor
+    from ggufsmith.readers.checkpoint import open_checkpoint
+    from ggufsmith.readers.lazy_tensor import RowSlicedTensor
 
     g = torch.Generator().manual_seed(1)
     experts = [torch.randn(10, 64, generator=g).to(torch.bfloat16) for _ in range(4)]

@@ -124,7 +124,7 @@ def test_llama3_rope_without_its_parameters_is_a_clear_error():
 
 
 def test_missing_expert_is_a_clear_error():
-    from ggufsmith.converters.lazy_tensor import LazyTensor
+    from ggufsmith.readers.lazy_tensor import LazyTensor
     from ggufsmith.errors import ConversionError
 
     plugin = _plugin(architectures=["MixtralForCausalLM"], num_local_experts=3, num_experts_per_tok=2)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ggufsmith.converters.tokenizer.sentencepiece import is_sentencepiece_model
-from ggufsmith.converters.tokenizer.sentencepiece_model import parse_model_proto
+from ggufsmith.tokenizer.sentencepiece import is_sentencepiece_model
+from ggufsmith.tokenizer.sentencepiece_model import parse_model_proto
 from tests.tokenizer_helpers import train_sentencepiece
 
 EXAMPLE_MODEL = Path(__file__).resolve().parent.parent / "examples" / "tiny-llama" / "tokenizer.model"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ggufsmith.constants import TokenType
-from ggufsmith.converters.tokenizer import detect_kind, export_tokenizer
+from ggufsmith.tokenizer import detect_kind, export_tokenizer
 from ggufsmith.errors import TokenizerError
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece, write_tokenizer_config
 

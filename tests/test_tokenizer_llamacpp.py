@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggufsmith.converters.tokenizer import export_tokenizer
+from ggufsmith.tokenizer import export_tokenizer
 from ggufsmith.errors import TokenizerError
 from tests.tokenizer_helpers import (
     BPE_STYLES,
@@ -221,7 +221,7 @@ def test_bpe_post_processor_wins_over_tokenizer_config(tmp_path, style):
 def test_every_table_name_is_one_llama_cpp_accepts(tmp_path):
     """llama.cpp refuses to load a file whose tokenizer.ggml.pre it does not know."""
     from ggufsmith.constants import GGUFValueType
-    from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS
+    from ggufsmith.tokenizer.pretokenizer import PRE_TOKENIZERS
 
     metadata = export_tokenizer(train_bpe(tmp_path / "gpt2", "gpt2"))
     n_tokens = len(metadata.get("tokenizer.ggml.tokens"))
@@ -316,7 +316,7 @@ def test_sentencepiece_json_special_tokens_and_bos(sp_json_case):
 
 
 def _table_names():
-    from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS
+    from ggufsmith.tokenizer.pretokenizer import PRE_TOKENIZERS
 
     return [entry.name for entry in PRE_TOKENIZERS]
 

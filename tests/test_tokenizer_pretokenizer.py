@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ggufsmith.converters.tokenizer.pretokenizer import PRE_TOKENIZERS, identify_pre_tokenizer
+from ggufsmith.tokenizer.pretokenizer import PRE_TOKENIZERS, identify_pre_tokenizer
 from ggufsmith.errors import TokenizerError
 from tests.tokenizer_configs import BLOOM, DEEPSEEK_CODER, FALCON, GPT2, LLAMA3, QWEN2, STARCODER, TEKKEN
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ggufsmith.converters.tokenizer import export_tokenizer
-from ggufsmith.converters.tokenizer import pretokenizer as pt
+from ggufsmith.tokenizer import export_tokenizer
+from ggufsmith.tokenizer import pretokenizer as pt
 from ggufsmith.gguf_writer.reader import GGUFReader
 from tests import tokenizer_configs as configs
 from tests.tokenizer_helpers import load_llama_vocab, write_vocab_gguf

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ggufsmith.converters.tokenizer import export_tokenizer
+from ggufsmith.tokenizer import export_tokenizer
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SOURCE", "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"))

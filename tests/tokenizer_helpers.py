@@ -161,7 +161,7 @@ BPE_USER_DEFINED = ["myword"]
 def _split_steps(names: list[str]):
     from tokenizers import Regex, pre_tokenizers
 
-    from ggufsmith.converters.tokenizer import pretokenizer as pt
+    from ggufsmith.tokenizer import pretokenizer as pt
 
     steps = []
     for name in names:
@@ -229,7 +229,7 @@ def train_bpe_for_table_entry(model_dir: Path, name: str, vocab_size: int = 1500
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from ggufsmith.converters.tokenizer import pretokenizer as pt
+    from ggufsmith.tokenizer import pretokenizer as pt
 
     entry = next(e for e in pt.PRE_TOKENIZERS if e.name == name)
     steps = []

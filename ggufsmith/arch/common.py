@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ggufsmith.arch.base import HFConfig
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 
 

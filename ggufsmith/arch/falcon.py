@@ -23,7 +23,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import regroup_qkv, reject, unscaled_rope_theta, weights_and_biases
 from ggufsmith.constants import Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
 
 # The GGUF spec's name for the regrouped qkv layout (after the author of the first GGML Falcon).

@@ -14,7 +14,7 @@ import re
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, transposed, weights_and_biases
 from ggufsmith.constants import Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
 
 _NAMES = {

@@ -12,7 +12,7 @@ import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.constants import Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.constants import Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
-from ggufsmith.converters.tokenizer.rwkv_world import has_rwkv_world_vocab
+from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.tokenizer.rwkv_world import has_rwkv_world_vocab
 from ggufsmith.gguf_writer.metadata import Metadata
 
 RWKV_ARCHITECTURE_VERSION = 4  # the only value the spec allows
@@ -67,7 +67,7 @@ class Rwkv(Architecture):
     def __init__(self, config) -> None:
         super().__init__(config)
         if has_rwkv_world_vocab(config.path.parent):
-            self.tokenizer_kind = "rwkv"  # the world vocabulary, exported by converters.tokenizer.rwkv_world
+            self.tokenizer_kind = "rwkv"  # the world vocabulary, exported by tokenizer.rwkv_world
 
     def metadata(self) -> Metadata:
         c = self.config

@@ -129,7 +129,7 @@ def split_chunks(ids: list[int], chunk_size: int, bos: int | None, max_chunks: i
 
 def gguf_weight_table(model_dir: Path, arch=None) -> tuple[dict[str, list[_Target]], dict[str, tuple[int, ...]]]:
     """checkpoint tensor name -> its GGUF target(s), and the shapes of all GGUF matrices, from the plugin."""
-    from ggufsmith.converters.checkpoint import open_checkpoint
+    from ggufsmith.readers.checkpoint import open_checkpoint
     from ggufsmith.converters.pipeline import resolve_architecture
 
     with open_checkpoint(model_dir) as checkpoint:

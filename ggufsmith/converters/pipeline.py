@@ -21,12 +21,12 @@ import numpy as np
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, GGMLType, Keys
-from ggufsmith.converters.checkpoint import Checkpoint, open_checkpoint
+from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.converters.gguf_source import GGUFTensor
+from ggufsmith.readers.gguf_source import GGUFTensor
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
-from ggufsmith.converters.safetensors import RowSlicedTensor, bf16_bits_to_f32
+from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import GGUFWriter
@@ -54,7 +54,7 @@ def resolve_architecture(checkpoint: Checkpoint, arch: str | type[Architecture] 
 
 def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None) -> Metadata:
     """All tokenizer.* keys, from the tokenizer exporter."""
-    from ggufsmith.converters.tokenizer import export_tokenizer
+    from ggufsmith.tokenizer import export_tokenizer
 
     return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind)
 

@@ -20,7 +20,7 @@ from ggufsmith.arch.base import Architecture
 import numpy as np
 
 from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType, Keys
-from ggufsmith.converters.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import tensor_data_size

@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from ggufsmith.constants import GGUFValueType, Keys
-from ggufsmith.converters.gguf_source import open_gguf_model
+from ggufsmith.readers.gguf_source import open_gguf_model
 from ggufsmith.converters.pipeline import write_plan
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key

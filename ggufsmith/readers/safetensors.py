@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.converters.lazy_tensor import RowSlicedTensor
+from ggufsmith.readers.lazy_tensor import RowSlicedTensor
 from ggufsmith.errors import ConversionError
 
 # safetensors dtype name -> numpy dtype of its stored bytes (little-endian).

@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ggufsmith.arch.base import HFConfig
-from ggufsmith.converters.lazy_tensor import LazyTensor
-from ggufsmith.converters.safetensors import SafetensorsFile
+from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
 
 SAFETENSORS_SINGLE = "model.safetensors"
@@ -60,7 +60,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
                 checkpoint._open_files.append(st)
                 part = st.tensors
             else:
-                from ggufsmith.converters.torch_bin import read_torch_bin
+                from ggufsmith.readers.torch_bin import read_torch_bin
 
                 part = read_torch_bin(path)
             for name, tensor in part.items():

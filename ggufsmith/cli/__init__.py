@@ -16,9 +16,9 @@ from ggufsmith.errors import GgufsmithError
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("ggufsmith.converters.cli_convert", "convert a Hugging Face model folder to a GGUF file"),
-    "quantize": ("ggufsmith.converters.cli_quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
-    "imatrix": ("ggufsmith.converters.cli_imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
+    "convert": ("ggufsmith.cli.convert", "convert a Hugging Face model folder to a GGUF file"),
+    "quantize": ("ggufsmith.cli.quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
+    "imatrix": ("ggufsmith.cli.imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
 }
 

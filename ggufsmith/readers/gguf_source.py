@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufsmith.constants import GGMLType, Keys
-from ggufsmith.converters.safetensors import RowSlicedTensor
+from ggufsmith.readers.safetensors import RowSlicedTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor

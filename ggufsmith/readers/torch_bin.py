@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.converters.lazy_tensor import LazyTensor
-from ggufsmith.converters.safetensors import RowSlicedTensor, bf16_bits_to_f32
+from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError
 
 

@@ -40,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
-    from ggufsmith.converters.cli_quantize import add_quantize_options
+    from ggufsmith.cli.quantize import add_quantize_options
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggufsmith.converters.cli_quantize import build_request, print_summary
+    from ggufsmith.cli.quantize import build_request, print_summary
     from ggufsmith.converters.pipeline import convert
 
     request = None
