@@ -1,0 +1,58 @@
+"""The harness of the damaged-input catalogue: run a ggufsmith command on a broken input and check
+what a user would see. Every catalogue entry (tests/test_damaged_*.py) asserts the same contract:
+
+  - a non-zero exit status;
+  - exactly one line on stderr, starting "ggufsmith: error:", naming the culprit (file, tensor or
+    key) — no traceback, no warning lines around it;
+  - nothing at the target path (or, when a previous file was there, that file unchanged);
+  - no temporary file left in the target's folder.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_MODEL = REPO / "examples" / "tiny-llama"
+
+
+def copy_example(tmp_path: Path, name: str = "model") -> Path:
+    """A writable copy of the example model (2.5 MB) to damage."""
+    target = tmp_path / name
+    shutil.copytree(EXAMPLE_MODEL, target)
+    return target
+
+
+def run_cli(*args: str | Path, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`ggufsmith ARGS` in a fresh interpreter, run from this checkout's sources."""
+    code = "import sys; from ggufsmith.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def leftovers(folder: Path) -> list[Path]:
+    """Temporary files a ggufsmith writer may have left in `folder`."""
+    return [p for p in folder.iterdir() if p.name.startswith(".") and ".tmp" in p.name]
+
+
+def assert_clean_failure(proc: subprocess.CompletedProcess, culprit: str, target: Path | None,
+                         previous: bytes | None = None) -> str:
+    """The contract above; `culprit` must appear in the error line. Returns that line."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode not in (0, None), f"exit 0 on a damaged input; stderr: {proc.stderr!r}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, f"expected one error line, got {len(lines)}:\n{proc.stderr}"
+    line = lines[0]
+    assert line.startswith("ggufsmith: error:"), line
+    assert "internal error" not in line, line
+    assert culprit in line, f"{culprit!r} not named in: {line}"
+    if target is not None:
+        if previous is None:
+            assert not target.exists(), f"{target} was written"
+        else:
+            assert target.read_bytes() == previous, f"{target} was changed"
+        assert leftovers(target.parent) == [], f"temporary files left: {leftovers(target.parent)}"
+    return line
