@@ -78,6 +78,7 @@ MODELS = {
     "seed_oss": variant("SeedOssConfig", "SeedOssForCausalLM", "seed_oss", "qwen2", attention_bias=True),
     # ERNIE 4.5 (0.3B style): interleaved rope, SentencePiece
     "ernie4_5": variant("Ernie4_5Config", "Ernie4_5ForCausalLM", "ernie4_5", "sentencepiece", use_bias=False,
+                        bos_token_id=1, eos_token_id=2,  # <s>, </s> of the SentencePiece model
                         differences=TOKENIZER_KEY_DIFFERENCES),
 }
 
