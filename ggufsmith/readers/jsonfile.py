@@ -4,6 +4,7 @@ every failure becomes one error that names the file, never a foreign exception."
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,14 @@ def read_json(path: Path | str, error: type[Exception] = ConversionError, expect
 def _json_name(python_type: type) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
             type(None): "null"}.get(python_type, python_type.__name__)
+
+
+# Values quoted in error messages are cut short: a hostile file can hold anything, of any size.
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = _short_repr.maxother = _short_repr.maxlong = 40
+_short_repr.maxlist, _short_repr.maxdict, _short_repr.maxlevel = 8, 4, 3
+
+
+def shown(value: Any) -> str:
+    """`value` for an error message: its repr, at most a few dozen characters."""
+    return _short_repr.repr(value)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import reprlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ggufsmith.errors import ConversionError
-from ggufsmith.readers.jsonfile import parse_json
+from ggufsmith.readers.jsonfile import parse_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import RowSlicedTensor
 
 # safetensors dtype name -> numpy dtype of its stored bytes (little-endian). The format knows more
@@ -59,11 +58,6 @@ MAX_HEADER_BYTES = 100_000_000
 # when another of its dimensions is 0.
 MAX_ARRAY_BYTES = 2**63 - 1
 _PAGE = mmap.PAGESIZE
-# Header values quoted in errors are cut short: a hostile header can hold anything.
-_short_repr = reprlib.Repr()
-_short_repr.maxstring = _short_repr.maxother = _short_repr.maxlong = 40
-_short_repr.maxlist, _short_repr.maxdict, _short_repr.maxlevel = 8, 4, 3
-_shown = _short_repr.repr
 
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
