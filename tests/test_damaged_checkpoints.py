@@ -370,13 +370,25 @@ def test_damaged_checkpoint_fails_cleanly(tmp_path, name):
 ALIAS_BOMB = "---\n" + "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)) + "tags: *a8\n---\n# card\n"
 
+def absent(key: str) -> Callable[[dict], bool]:
+    return lambda metadata: key not in metadata
+
+
 CARDS = {
-    # name: (front matter, culprit in the warning, general.* key that must be absent)
-    "alias-bomb": (ALIAS_BOMB, "alias", "general.tags"),
-    "license-is-a-list-of-numbers": ("---\nlicense: [1, 2]\n---\n", "license", "general.license"),
-    "base-model-is-a-nested-list": ("---\nbase_model: [[org/model]]\n---\n", "base_model", "general.base_model.count"),
-    "tags-hold-a-mapping": ("---\ntags: [chat, {a: b}]\n---\n", "tags", "general.tags"),
-    "not-yaml": ("---\nlicense: [mit\ntags: x\n---\n", "not valid YAML", "general.license"),
+    # name: (README.md, what the warning must name, what must hold of the GGUF's metadata)
+    "alias-bomb": (ALIAS_BOMB, "alias", absent("general.tags")),
+    "license-is-a-list-of-numbers": ("---\nlicense: [1, 2]\n---\n", "license", absent("general.license")),
+    "base-model-is-a-nested-list": ("---\nbase_model: [[org/model]]\n---\n", "base_model",
+                                    absent("general.base_model.count")),
+    "tags-hold-a-mapping": ("---\ntags: [chat, {a: b}]\n---\n", "tags", absent("general.tags")),
+    "not-yaml": ("---\nlicense: [mit\ntags: x\n---\n", "not valid YAML", absent("general.license")),
+    "nested-100000-deep": ("---\nlicense: mit\ntags: " + "[" * 100_000 + "]" * 100_000 + "\n---\n", "not valid YAML",
+                           absent("general.license")),
+    "larger-than-1-MiB": ("---\nlicense: mit\n" + "# padding\n" * 120_000 + "---\n", "larger than",
+                          absent("general.license")),
+    "a-list-not-a-mapping": ("---\n- license\n- mit\n---\n", "not a mapping", absent("general.license")),
+    # the name falls back to the folder's, as without a card
+    "name-is-a-mapping": ("---\nname: {first: a}\n---\n", "name", lambda m: m["general.name"].value == "Model"),
 }
 
 
@@ -384,7 +396,7 @@ CARDS = {
 def test_damaged_model_card_converts_with_one_warning(tmp_path, name):
     from ggufsmith.gguf_writer.reader import GGUFReader
 
-    front_matter, culprit, absent_key = CARDS[name]
+    front_matter, culprit, holds = CARDS[name]
     model = copy_example(tmp_path)
     (model / "README.md").write_text(front_matter)
     target = tmp_path / "model.gguf"
@@ -396,7 +408,7 @@ def test_damaged_model_card_converts_with_one_warning(tmp_path, name):
     assert len(lines) == 1 and "README.md" in lines[0] and culprit in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     metadata = GGUFReader(target).metadata
-    assert absent_key not in metadata
+    assert holds(metadata), {k: v.value for k, v in metadata.items() if k.startswith("general.")}
     assert metadata["general.architecture"].value == "llama"
 
 
