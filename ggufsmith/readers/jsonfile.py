@@ -24,7 +24,7 @@ def parse_json(text: str | bytes, where: str, error: type[Exception] = Conversio
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise error(f"{where}: key {key!r} appears twice in one JSON object")
+                raise error(f"{where}: key {key[:300]!r} appears twice in one JSON object")
             seen.add(key)
         return dict(pairs)
 

@@ -121,7 +121,7 @@ class SafetensorsFile:
 
     def _layout(self, name: str, entry: object) -> _Layout:
         """The entry's dtype, shape and place, checked enough to name the tensor in any error."""
-        where = f"tensor {name!r}"
+        where = f"tensor {name!r}" if len(name) <= 300 else f"tensor {name[:100]!r}... ({len(name)} characters)"
         if not isinstance(entry, dict):
             raise self._fail(f"{where} has {_shown(entry)} instead of its dtype, shape and data_offsets")
         dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -141,14 +141,15 @@ class SafetensorsFile:
         n_elements = nonzero_elements if all(shape) else 0
         begin, end = offsets
         if begin > end:
-            raise self._fail(f"{where} has data_offsets {offsets} that end before they begin")
+            raise self._fail(f"{where} has data_offsets {_shown(offsets)} that end before they begin")
         if end - begin != n_elements * itemsize:
             raise self._fail(
-                f"{where} spans {end - begin} bytes but shape {shape} of {dtype_name} needs {n_elements * itemsize}"
+                f"{where} spans {_shown(end - begin)} bytes but shape {_shown(shape)} of {dtype_name} needs "
+                f"{n_elements * itemsize}"
             )
         if self.data_start + end > self.size:
             raise ConversionError(
-                f"{self.path}: {where} data_offsets {offsets} lie outside the file ({self.size - self.data_start} "
+                f"{self.path}: {where} data_offsets {_shown(offsets)} lie outside the file ({self.size - self.data_start} "
                 "bytes of tensor data): the file is truncated, download it again"
             )
         return _Layout(name, dtype_name, tuple(shape), self.data_start + begin, n_elements)
