@@ -234,10 +234,10 @@ def _sampling_value(path: Path, name: str, value: Any, vtype: GGUFValueType) -> 
             return value
         expected = "a string"
     elif vtype == GGUFValueType.INT32:
-        # 40.0 is accepted as 40 (some tools write every number as a float); bool is not a number here
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer() \
-                and int(value) in _INT32_RANGE:
-            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 40.0 is 40: some tools write every number as a float
+        if isinstance(value, int) and not isinstance(value, bool) and value in _INT32_RANGE:
+            return value
         expected = "an integer (32-bit)"
     else:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= _FLOAT32_MAX:
