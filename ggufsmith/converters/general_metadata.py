@@ -242,7 +242,7 @@ def _sampling_value(path: Path, name: str, value: Any, vtype: GGUFValueType) -> 
     else:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= _FLOAT32_MAX:
             return float(value)
-        expected = "a finite number"
+        expected = "a finite number within float32 range"
     raise ConversionError(f"{path}: {name} is {shown(value)}, expected {expected}; fix or remove it")
 
 
