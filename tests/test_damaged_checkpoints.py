@@ -352,6 +352,12 @@ def _(model):
     return "top_k"
 
 
+@entry("generation-config-not-an-object")
+def _(model):
+    (model / "generation_config.json").write_text("[1, 2]")
+    return "generation_config.json"
+
+
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_damaged_checkpoint_fails_cleanly(tmp_path, name):
     model = copy_example(tmp_path)
