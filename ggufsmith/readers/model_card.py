@@ -96,6 +96,8 @@ class ModelCard:
             if value is None:
                 continue
             entries = value if isinstance(value, list) else [value]
+            if not entries:
+                continue
             if all(is_text(e) or _is_text_mapping(e) for e in entries):
                 return [str(e) if is_text(e) else {str(k): str(v) for k, v in e.items()} for e in entries]
             self._skip(key, value, "a model id, a URL, a mapping of fields to text, or a list of them")
