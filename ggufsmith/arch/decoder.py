@@ -12,7 +12,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import Keys
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -109,6 +109,7 @@ class Decoder(Architecture):
     scaling. A plugin adds its own keys in `family_keys` and its layout changes in `transform`."""
 
     tensor_names = llama_decoder()
+    layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     # Old checkpoints store the rotary frequencies; they follow from the config.
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
@@ -137,7 +138,11 @@ class Decoder(Architecture):
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
-        keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
+        keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
+        if self.layer_norm:
+            keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", min=0))
+        else:
+            keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
         if "head_dim" in c:
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
@@ -145,6 +150,20 @@ class Decoder(Architecture):
 
     def family_keys(self, keys: ArchKeys) -> None:
         """The keys that are this family's own. Default: none."""
+
+    def sliding_window_keys(self, keys: ArchKeys, pattern: list[bool] | None) -> None:
+        """attention.sliding_window and, per layer, whether it is a sliding-window layer."""
+        keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))
+        if pattern is not None:
+            keys.metadata.add_array(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern, GGUFValueType.BOOL)
+
+    def layer_types(self, default: list[str]) -> list[str]:
+        """config.json layer_types ("sliding_attention" / "full_attention" per layer), checked."""
+        types = self.config.get_list("layer_types", default=default)
+        n_layer = self.config.get_int("num_hidden_layers", min=1)
+        if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
+            raise self.config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+        return types
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
         return self.rope.rope_freqs(self.head_dim)
