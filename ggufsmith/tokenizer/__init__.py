@@ -3,7 +3,8 @@
 Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
-  "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
+  "gpt2"   a byte-level BPE (tokens, merges, types, and the named pre-tokenizer), from tokenizer.json
+           or, without one, from the slow files vocab.json + merges.txt
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
 Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
 """
@@ -16,6 +17,7 @@ from ggufsmith.errors import TokenizerError
 from ggufsmith.gguf_writer.metadata import Metadata
 
 from .bpe import load_bpe_vocabulary
+from .bpe_vocab_files import MERGES_TXT, VOCAB_JSON, has_bpe_vocab_files, tokenizer_json_from_vocab_files
 from .chat_template import add_chat_template_metadata
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
 from .pretokenizer import identify_pre_tokenizer
@@ -41,10 +43,13 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
         if tokenizer_json is None:
             tokenizer_json = read_json_object(json_file)
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
+    if has_bpe_vocab_files(model_dir):
+        return "gpt2"
     if has_rwkv_world_vocab(model_dir):
         return "rwkv"
     raise TokenizerError(
-        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON} or {RWKV_WORLD_VOCAB})"
+        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON}, "
+        f"{VOCAB_JSON} + {MERGES_TXT} or {RWKV_WORLD_VOCAB})"
     )
 
 
@@ -78,9 +83,15 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
         # transformers' LlamaTokenizer adds <s> but not </s> unless tokenizer_config.json says otherwise.
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":
+        source = json_file
         if not json_file.is_file():
-            raise TokenizerError(f"{json_file}: missing; a 'gpt2' (BPE) tokenizer needs it")
-        vocab = load_bpe_vocabulary(json_file, tokenizer_json, files)
+            if not has_bpe_vocab_files(model_dir):
+                raise TokenizerError(
+                    f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; a 'gpt2' (BPE) tokenizer needs one of them"
+                )
+            tokenizer_json = tokenizer_json_from_vocab_files(model_dir, files)
+            source = model_dir / VOCAB_JSON
+        vocab = load_bpe_vocabulary(source, tokenizer_json, files)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
     else:
