@@ -5,6 +5,8 @@ Two kinds are supported:
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
   "gpt2"   a byte-level BPE (tokens, merges, types, and the named pre-tokenizer), from tokenizer.json
            or, without one, from the slow files vocab.json + merges.txt
+  "gemma4" Gemma 4's tokenizer.json (BPE merges over "▁"-escaped text; llama.cpp's gemma4 tokenizer),
+           chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
 Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
 """
@@ -19,6 +21,7 @@ from ggufsmith.gguf_writer.metadata import Metadata
 from .bpe import load_bpe_vocabulary
 from .bpe_vocab_files import MERGES_TXT, VOCAB_JSON, has_bpe_vocab_files, tokenizer_json_from_vocab_files
 from .chat_template import add_chat_template_metadata
+from .gemma4 import load_gemma4_vocabulary
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
 from .pretokenizer import identify_pre_tokenizer
 from .rwkv_world import RWKV_WORLD_VOCAB, export_rwkv_world, has_rwkv_world_vocab
@@ -28,7 +31,7 @@ from .special_tokens import add_special_tokens_metadata
 
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer"]
 
-KINDS = ("llama", "gpt2", "rwkv")
+KINDS = ("llama", "gpt2", "gemma4", "rwkv")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
@@ -94,6 +97,12 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
         vocab = load_bpe_vocabulary(source, tokenizer_json, files)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
+    elif kind == "gemma4":
+        if not is_sentencepiece_style(tokenizer_json):
+            raise TokenizerError(f"{json_file}: missing or not a BPE with byte_fallback; a 'gemma4' tokenizer needs it")
+        vocab = load_gemma4_vocabulary(json_file, tokenizer_json, files)
+        post_processor = tokenizer_json.get("post_processor")
+        default_add_bos, default_add_eos = True, False  # GemmaTokenizer's defaults
     else:
         raise TokenizerError(f"{model_dir}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
 

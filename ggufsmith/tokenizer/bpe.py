@@ -58,7 +58,7 @@ def _check_decoder(decoder: dict[str, Any] | None, path: Path) -> None:
             raise TokenizerError(f"{path}: decoder {step.get('type')!r} is not supported (only ByteLevel)")
 
 
-def _merges(model: dict[str, Any], path: Path) -> list[str]:
+def bpe_merges(model: dict[str, Any], path: Path) -> list[str]:
     """Merges as the "left right" strings llama.cpp splits at the first space."""
     merges = []
     for merge in model.get("merges") or []:
@@ -87,8 +87,9 @@ def load_bpe_vocabulary(path: Path, tokenizer_json: dict[str, Any], files: Token
         path,
         ignore_merges=bool(model.get("ignore_merges", False)),
         clean_spaces=clean_spaces if isinstance(clean_spaces, bool) else None,
+        model_type=files.model_type,
     )
-    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=_merges(model, path))
+    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=bpe_merges(model, path))
     for text, token_id in sorted((model.get("vocab") or {}).items(), key=lambda item: item[1]):
         vocab.set_token(int(token_id), text, TokenType.NORMAL)
 

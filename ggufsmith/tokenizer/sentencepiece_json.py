@@ -2,7 +2,7 @@
 
 transformers 5 saves Llama/Mistral-family tokenizers as tokenizer.json only: a BPE model with
 byte_fallback over text whose spaces are replaced by "▁" (Metaspace, or the older normalizer
-Prepend + Replace). llama.cpp's SPM tokenizer merges the adjacent pair whose joined text has the
+Prepend + Replace; Gemma's: Replace, then a Split on " " that finds no space left). llama.cpp's SPM tokenizer merges the adjacent pair whose joined text has the
 highest score, so each token's score is minus the rank of the first merge that produces it: the
 same order in which the BPE model applies its merges.
 """
@@ -34,10 +34,23 @@ def _steps(component: dict[str, Any] | None, list_name: str) -> list[dict[str, A
     return list(component.get(list_name) or []) if component.get("type") == "Sequence" else [component]
 
 
-def _space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
-    """Whether a "▁" is put before the text, from Metaspace or the older Prepend normalizer."""
+def _is_split_on_space(pre: dict[str, Any] | None) -> bool:
+    """Gemma's pre-tokenizer: Split on the string " ". It runs after the normalizer has replaced every
+    space by "▁", so it never splits anything."""
+    return bool(pre) and pre.get("type") == "Split" and pre.get("pattern") == {"String": " "} and not pre.get("invert")
+
+
+def _is_space_replace(step: dict[str, Any]) -> bool:
+    return step.get("type") == "Replace" and step.get("pattern") == {"String": " "} and step.get("content") == _WHITESPACE_MARK
+
+
+def space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
+    """Whether a "▁" is put before the text, from Metaspace or the older Prepend normalizer. Raises
+    for space handling llama.cpp cannot reproduce."""
     pre = tokenizer_json.get("pre_tokenizer")
     norm_steps = _steps(tokenizer_json.get("normalizer"), "normalizers")
+    if _is_split_on_space(pre) and any(_is_space_replace(step) for step in norm_steps):
+        pre = None
     if pre:
         if pre.get("type") != "Metaspace" or pre.get("replacement", _WHITESPACE_MARK) != _WHITESPACE_MARK:
             raise TokenizerError(
@@ -55,7 +68,7 @@ def _space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
         kind = step.get("type")
         if kind == "Prepend" and step.get("prepend") == _WHITESPACE_MARK:
             prepend = True
-        elif kind == "Replace" and step.get("pattern") == {"String": " "} and step.get("content") == _WHITESPACE_MARK:
+        elif _is_space_replace(step):
             continue
         else:
             raise TokenizerError(f"{path}: normalizer {kind!r} is not applied by llama.cpp's SentencePiece tokenizer")
@@ -72,7 +85,7 @@ def load_sentencepiece_json_vocabulary(path: Path, tokenizer_json: dict[str, Any
     if model.get("ignore_merges"):
         raise TokenizerError(f"{path}: BPE ignore_merges has no equivalent in llama.cpp's SentencePiece tokenizer")
     vocab = Vocabulary(model="llama", pre="default", source=path, scores=[])
-    vocab.add_space_prefix = _space_prefix(tokenizer_json, path)
+    vocab.add_space_prefix = space_prefix(tokenizer_json, path)
     vocab.remove_extra_whitespaces = False
 
     first_rank: dict[str, int] = {}
