@@ -44,17 +44,21 @@ def gemma_model_dir(tmp_path_factory):
     return _train_gemma(tmp_path_factory.mktemp("gemma") / "spm")
 
 
+@pytest.fixture(scope="module")
+def gemma_json_dir(gemma_model_dir, tmp_path_factory):
+    """The Gemma tokenizer saved by transformers 5: tokenizer.json, no tokenizer.model."""
+    model_dir = tmp_path_factory.mktemp("gemma-json") / "json"
+    transformers.AutoTokenizer.from_pretrained(gemma_model_dir).save_pretrained(model_dir)
+    assert not (model_dir / "tokenizer.model").exists()
+    pre = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))["pre_tokenizer"]
+    assert pre["type"] == "Split"  # GemmaTokenizer's Split on " ", after the normalizer's Replace
+    return model_dir
+
+
 @pytest.fixture(scope="module", params=["tokenizer.model", "tokenizer.json"])
-def gemma_case(request, gemma_model_dir, tmp_path_factory):
-    model_dir = gemma_model_dir
+def gemma_case(request, gemma_model_dir, gemma_json_dir):
+    model_dir = gemma_model_dir if request.param == "tokenizer.model" else gemma_json_dir
     hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    if request.param == "tokenizer.json":
-        model_dir = tmp_path_factory.mktemp("gemma-json") / "json"
-        hf.save_pretrained(model_dir)
-        assert not (model_dir / "tokenizer.model").exists()
-        pre = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))["pre_tokenizer"]
-        assert pre["type"] == "Split"  # GemmaTokenizer's Split on " ", after the normalizer's Replace
-        hf = transformers.AutoTokenizer.from_pretrained(model_dir)
     metadata = export_tokenizer(model_dir)
     llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir.parent / f"{request.param}.gguf", arch="gemma"))
     return model_dir, hf, llm, metadata
@@ -113,3 +117,39 @@ def test_phi3_tokenizes_like_transformers(phi3_case):
     assert metadata.get("tokenizer.ggml.eos_token_id") == hf.convert_tokens_to_ids("<|end|>")
     assert metadata.get("tokenizer.ggml.token_type")[-1] == 5  # padding is UNUSED
     assert llama_cpp.llama_vocab_is_eog(llm._model.vocab, hf.convert_tokens_to_ids("<|end|>"))
+
+
+def _merges_across_newlines_dropped(model_dir, target):
+    """A copy of the tokenizer.json without the merges that join a newline with other text ("\r\n",
+    which our training text has): llama.cpp's gemma4 tokenizer cannot apply those, and Gemma 4's own
+    tokenizer has none."""
+    data = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    merges = data["model"]["merges"]
+    data["model"]["merges"] = [m for m in merges if not ("\n" in "".join(m) and "".join(m).strip("\n"))]
+    assert len(data["model"]["merges"]) < len(merges)
+    target.mkdir()
+    (target / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    (target / "tokenizer_config.json").write_text((model_dir / "tokenizer_config.json").read_text())
+    return target
+
+
+def test_gemma_tokenizer_json_as_llama_cpps_gemma4_model(gemma_json_dir, tmp_path):
+    """A Gemma tokenizer.json exported as Gemma 4's tokenizer (merges by rank, no scores) tokenizes
+    in llama.cpp as in transformers."""
+    model_dir = _merges_across_newlines_dropped(gemma_json_dir, tmp_path / "gemma4")
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    metadata = export_tokenizer(model_dir, kind="gemma4")
+    assert metadata.get("tokenizer.ggml.model") == "gemma4"
+    assert "tokenizer.ggml.scores" not in metadata and "tokenizer.ggml.pre" not in metadata
+    llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "gemma4.gguf", arch="gemma4"))
+    assert _tokenize(llm, CHECK_TEXT) == hf.encode(CHECK_TEXT, add_special_tokens=False)
+    text = f"{GEMMA_CHAT[0]}user\nGrüße myword\t\t你好{GEMMA_CHAT[1]}\n"
+    assert _tokenize(llm, text, special=True, add_bos=True) == hf.encode(text)
+
+
+def test_gemma4_refuses_a_merge_across_a_newline(gemma_json_dir):
+    """Our training text has "\r\n", so the trained tokenizer merges "\r" with "\n"."""
+    from ggufsmith.errors import TokenizerError
+
+    with pytest.raises(TokenizerError, match="newline"):
+        export_tokenizer(gemma_json_dir, kind="gemma4")
