@@ -90,7 +90,8 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
         if not json_file.is_file():
             if not has_bpe_vocab_files(model_dir):
                 raise TokenizerError(
-                    f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; a 'gpt2' (BPE) tokenizer needs one of them"
+                    f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; "
+                    "a 'gpt2' (BPE) tokenizer needs one of them"
                 )
             tokenizer_json = tokenizer_json_from_vocab_files(model_dir, files)
             source = model_dir / VOCAB_JSON

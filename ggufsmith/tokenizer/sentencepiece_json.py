@@ -2,9 +2,10 @@
 
 transformers 5 saves Llama/Mistral-family tokenizers as tokenizer.json only: a BPE model with
 byte_fallback over text whose spaces are replaced by "▁" (Metaspace, or the older normalizer
-Prepend + Replace; Gemma's: Replace, then a Split on " " that finds no space left). llama.cpp's SPM tokenizer merges the adjacent pair whose joined text has the
-highest score, so each token's score is minus the rank of the first merge that produces it: the
-same order in which the BPE model applies its merges.
+Prepend + Replace; Gemma's: Replace, then a Split on " " that finds no space left). llama.cpp's
+SPM tokenizer merges the adjacent pair whose joined text has the highest score, so each token's
+score is minus the rank of the first merge that produces it: the same order in which the BPE model
+applies its merges.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def _is_split_on_space(pre: dict[str, Any] | None) -> bool:
 
 
 def _is_space_replace(step: dict[str, Any]) -> bool:
-    return step.get("type") == "Replace" and step.get("pattern") == {"String": " "} and step.get("content") == _WHITESPACE_MARK
+    return (step.get("type") == "Replace" and step.get("pattern") == {"String": " "}
+            and step.get("content") == _WHITESPACE_MARK)
 
 
 def space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
