@@ -10,8 +10,6 @@ query per group (n_head_kv == n_head).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ggufsmith.readers.config import HFConfig
@@ -44,25 +42,6 @@ def transposed(tensor: LazyTensor) -> LazyTensor:
     if len(tensor.shape) != 2:
         raise ConversionError(f"{tensor.source}: expected a matrix to transpose, got shape {tensor.shape}")
     return tensor.map(lambda a: np.ascontiguousarray(a.T), shape=tensor.shape[::-1])
-
-
-def rope_parameters(config: HFConfig, *legacy_theta_names: str) -> dict[str, Any]:
-    """The rope settings of a config.json: transformers >= 5 writes them in `rope_parameters`,
-    older configs as top-level keys (`rope_theta`, or an architecture's own name for it)."""
-    params = dict(config.get("rope_parameters", "rope_scaling", default=None) or {})
-    if "rope_theta" not in params:
-        theta = config.get("rope_theta", *legacy_theta_names, default=None)
-        if theta is not None:
-            params["rope_theta"] = theta
-    return params
-
-
-def unscaled_rope_theta(config: HFConfig, *legacy_theta_names: str) -> float | None:
-    """The rope base frequency of an architecture converted without rope scaling (None: default)."""
-    params = rope_parameters(config, *legacy_theta_names)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    reject(config, rope_type != "default", f"rope scaling {rope_type!r} is set")
-    return params.get("rope_theta")
 
 
 def reject(config: HFConfig, condition: bool, what: str) -> None:

@@ -21,7 +21,8 @@ variants (falcon-rw) are refused rather than converted into a file that computes
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import regroup_qkv, reject, unscaled_rope_theta, weights_and_biases
+from ggufsmith.arch.common import regroup_qkv, reject, weights_and_biases
+from ggufsmith.arch.rope import Rope
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -59,6 +60,8 @@ class Falcon(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
+        self.rope = Rope(config)
+        self.rope.require_unscaled()
         self.n_head = config.get("num_attention_heads", "n_head")
         self.hidden_size = config.get("hidden_size", "n_embed")
         self.head_dim = self.hidden_size // self.n_head
@@ -93,7 +96,7 @@ class Falcon(Architecture):
         # Required by the spec, which does not define it, and read by no executor we know of:
         # Falcon layer-normalizes the attention input, so true.
         keys.bool(Keys.Attention.USE_NORM, True)
-        keys.f32(Keys.Rope.FREQ_BASE, unscaled_rope_theta(c))
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

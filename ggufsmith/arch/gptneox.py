@@ -10,7 +10,8 @@ rotation, which is llama.cpp's rope type for gptneox, so q and k need no permuta
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import regroup_qkv, reject, rope_parameters, unscaled_rope_theta, weights_and_biases
+from ggufsmith.arch.common import regroup_qkv, reject, weights_and_biases
+from ggufsmith.arch.rope import Rope
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -43,6 +44,8 @@ class GPTNeoX(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
+        self.rope = Rope(config, "rotary_emb_base")
+        self.rope.require_unscaled()
         self.n_head = config.get("num_attention_heads")
         self.hidden_size = config.get("hidden_size")
         self.head_dim = self.hidden_size // self.n_head
@@ -52,7 +55,7 @@ class GPTNeoX(Architecture):
 
     def metadata(self) -> Metadata:
         c = self.config
-        rotary_fraction = rope_parameters(c).get("partial_rotary_factor", c.get("rotary_pct", default=1.0))
+        rotary_fraction = self.rope.partial_rotary_factor("rotary_pct")
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
         keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("max_position_embeddings"))
@@ -63,7 +66,7 @@ class GPTNeoX(Architecture):
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.bool(Keys.LLM.USE_PARALLEL_RESIDUAL, c.get("use_parallel_residual", default=True))
         keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_eps"))
-        keys.f32(Keys.Rope.FREQ_BASE, unscaled_rope_theta(c, "rotary_emb_base"))
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

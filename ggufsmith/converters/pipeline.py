@@ -94,6 +94,7 @@ def make_plan(
     if with_tokenizer:
         metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind,
                                            strict=strict_tokenizer))
+    plugin.check(mapped, metadata)
     return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
 
 
