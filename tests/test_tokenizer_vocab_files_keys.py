@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from ggufsmith.tokenizer import export_tokenizer
+from tests.llamacpp_reference import vocab_models_dir
 from tests.test_tokenizer_real_vocabs import _cases, _fields, _rebuild_bpe, _rebuild_sentencepiece
 from tests.tokenizer_helpers import load_llama_vocab, write_tokenizer_config, write_vocab_gguf
 
@@ -199,13 +200,7 @@ def test_added_keys_say_what_llama_cpp_does_without_them(exported, tmp_path):
 
 
 def _vocab_gguf(name: str) -> Path:
-    try:
-        from tests.llamacpp_reference import vocab_models_dir
-    except ImportError:  # before the vocab files came from the sdist everywhere
-        from tests.test_tokenizer_real_vocabs import MODELS as models
-    else:
-        models = vocab_models_dir()
-    return models / f"ggml-vocab-{name}.gguf"
+    return vocab_models_dir() / f"ggml-vocab-{name}.gguf"
 
 
 def test_llama_cpp_passes_the_test_vectors_with_our_export(exported, tmp_path):

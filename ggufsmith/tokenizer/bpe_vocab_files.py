@@ -15,7 +15,16 @@ from typing import Any
 
 from ggufsmith.errors import TokenizerError
 
-from .hf_files import ADDED_TOKENS, TOKENIZER_CONFIG, TokenizerFiles, read_json, token_content
+from .hf_files import (
+    ADDED_TOKENS,
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    TokenizerFiles,
+    added_tokens_file,
+    read_json,
+    token_content,
+)
+from .tokenizer_json import check_tokenizer_json
 
 VOCAB_JSON = "vocab.json"
 MERGES_TXT = "merges.txt"
@@ -66,12 +75,13 @@ def _special_texts(files: TokenizerFiles) -> set[str]:
     (transformers 4) or extra (transformers 5) special tokens, from tokenizer_config.json and
     special_tokens_map.json."""
     texts: set[str] = set()
-    for source in (files.tokenizer_config, files.special_tokens_map):
-        entries = [source.get(f"{role}_token") for role in _SPECIAL_ROLES]
+    for name, source in ((TOKENIZER_CONFIG, files.tokenizer_config), (SPECIAL_TOKENS_MAP, files.special_tokens_map)):
+        where = files.model_dir / name
+        entries = [(f"{role}_token", source.get(f"{role}_token")) for role in _SPECIAL_ROLES]
         for key in ("additional_special_tokens", "extra_special_tokens"):
             extra = source.get(key)
-            entries += extra if isinstance(extra, list) else []
-        texts.update(text for text in map(token_content, entries) if text)
+            entries += [(f"{key}[{i}]", entry) for i, entry in enumerate(extra)] if isinstance(extra, list) else []
+        texts.update(text for text in (token_content(entry, where, key) for key, entry in entries) if text)
     return texts
 
 
@@ -96,12 +106,7 @@ def tokenizer_json_from_vocab_files(model_dir: Path, files: TokenizerFiles) -> d
     vocab = _read_vocab(model_dir / VOCAB_JSON)
     merges = _read_merges(model_dir / MERGES_TXT)
 
-    added_path = model_dir / ADDED_TOKENS
-    added_json = read_json(added_path) or {}
-    if not isinstance(added_json, dict) or not all(
-        isinstance(t, str) and isinstance(i, int) and not isinstance(i, bool) for t, i in added_json.items()
-    ):
-        raise TokenizerError(f"{added_path}: expected a JSON object mapping token text to id")
+    added_json = {token.content: token.id for token in added_tokens_file(model_dir / ADDED_TOKENS)}
     specials = _special_texts(files)
     # Special tokens already in vocab.json (GPT-2's <|endoftext|>) become added tokens too: transformers
     # matches them whole in the text.
@@ -112,7 +117,7 @@ def tokenizer_json_from_vocab_files(model_dir: Path, files: TokenizerFiles) -> d
         for text, i in sorted(ids.items(), key=lambda item: item[1])
     ]
     add_prefix_space = files.tokenizer_config.get("add_prefix_space", False)
-    return {
+    tokenizer_json = {
         "added_tokens": added_tokens,
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True,
@@ -123,3 +128,5 @@ def tokenizer_json_from_vocab_files(model_dir: Path, files: TokenizerFiles) -> d
                   "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": vocab, "merges": merges},
     }
+    check_tokenizer_json(tokenizer_json, model_dir / VOCAB_JSON)
+    return tokenizer_json

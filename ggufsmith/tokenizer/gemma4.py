@@ -5,8 +5,8 @@ the text) whose merges are not ordered by token score, so llama.cpp's SPM tokeni
 score) would not reproduce it. llama.cpp's "gemma4" tokenizer model (llama-vocab.cpp) is a BPE that
 applies the merges by rank to the raw UTF-8 text with spaces escaped as "▁", falling back to the
 <0xXX> byte tokens: what transformers does. It splits the text at newlines first and looks runs of
-newlines up whole, so a merge that joins a newline with anything else could not be reproduced; such
-vocabularies are refused.
+newlines up whole, so a merge that joins a newline with anything else is never applied: a
+tokenization difference on the text around such newlines (Gemma 4's own tokenizer has none).
 
 The tokens and their types are the SentencePiece-style ones (sentencepiece_json.py); the file also
 carries the merges, and no scores (merges go by rank). It has no tokenizer.ggml.pre: llama.cpp sets
@@ -22,6 +22,7 @@ from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
 from .bpe import bpe_merges
+from .differences import TokenizationDifferences
 from .hf_files import TokenizerFiles
 from .sentencepiece_json import load_sentencepiece_json_vocabulary
 from .vocab import Vocabulary
@@ -36,18 +37,18 @@ RENDERED_SPECIAL_TOKENS = frozenset({
 })
 
 
-def _check_newline_merges(merges: list[str], path: Path) -> None:
-    for merge in merges:
-        joined = merge.replace(" ", "", 1)
-        if "\n" in joined and joined.strip("\n"):
-            raise TokenizerError(
-                f"{path}: merge {merge!r} joins a newline with other text; llama.cpp's gemma4 tokenizer splits "
-                "the text at newlines and cannot produce that token"
-            )
+def _note_newline_merges(merges: list[str], path: Path, differences: TokenizationDifferences) -> None:
+    across = [merge for merge in merges if "\n" in merge.replace(" ", "", 1) and merge.replace(" ", "", 1).strip("\n")]
+    if across:
+        differences.add(f"{path.name}'s merge {across[0]!r} (and {len(across) - 1} more joining a newline with other "
+                        "text; llama.cpp's gemma4 tokenizer splits the text at newlines)",
+                        "text where those merges apply")
 
 
-def load_gemma4_vocabulary(path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles) -> Vocabulary:
-    vocab = load_sentencepiece_json_vocabulary(path, tokenizer_json, files)
+def load_gemma4_vocabulary(
+    path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles, differences: TokenizationDifferences
+) -> Vocabulary:
+    vocab = load_sentencepiece_json_vocabulary(path, tokenizer_json, files, differences)
     if vocab.add_space_prefix:
         raise TokenizerError(
             f"{path}: the tokenizer puts a '▁' before the text, which llama.cpp's gemma4 tokenizer never does; "
@@ -56,7 +57,7 @@ def load_gemma4_vocabulary(path: Path, tokenizer_json: dict[str, Any], files: To
     vocab.model, vocab.pre, vocab.scores = MODEL_NAME, None, None
     vocab.add_space_prefix, vocab.remove_extra_whitespaces = False, None
     vocab.merges = bpe_merges(tokenizer_json.get("model") or {}, path)
-    _check_newline_merges(vocab.merges, path)
+    _note_newline_merges(vocab.merges, path, differences)
     for token_id, text in enumerate(vocab.tokens):
         if text in RENDERED_SPECIAL_TOKENS and vocab.types[token_id] == TokenType.CONTROL:
             vocab.types[token_id] = TokenType.USER_DEFINED

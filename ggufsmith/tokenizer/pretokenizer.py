@@ -39,6 +39,8 @@ from typing import Any
 
 from ggufsmith.errors import TokenizerError
 
+from .tokenizer_json import component_steps
+
 log = logging.getLogger(__name__)
 
 # The regex ByteLevel(use_regex=True) applies (tokenizers' GPT-2 pattern).
@@ -203,13 +205,7 @@ class ByteLevelSplit:
 
 def split_regexes(pre_tokenizer: dict[str, Any] | None, source: Path) -> ByteLevelSplit:
     """The ordered split regexes of a tokenizer.json `pre_tokenizer` (see module doc)."""
-    steps: list[dict[str, Any]]
-    if pre_tokenizer is None:
-        steps = []
-    elif pre_tokenizer.get("type") == "Sequence":
-        steps = list(pre_tokenizer.get("pretokenizers") or [])
-    else:
-        steps = [pre_tokenizer]
+    steps = component_steps(pre_tokenizer, "pretokenizers", source, "pre_tokenizer")
     regexes: list[str] = []
     byte_level = False
     for step in steps:
