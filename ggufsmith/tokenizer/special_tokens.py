@@ -57,7 +57,7 @@ TEXT_ROLES: dict[str, tuple[str, ...]] = {
         "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
         "<|code_middle|>", "<|middle|>",
     ),
-    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     Keys.Tokenizer.FIM_REP_ID: ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     Keys.Tokenizer.FIM_SEP_ID: ("<|file_sep|>",),
 }
