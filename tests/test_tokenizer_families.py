@@ -10,6 +10,7 @@ end-of-turn tokens end generation in llama.cpp; the chat template is carried.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -37,6 +38,7 @@ class Family:
     end_of_turn: str  # the token a chat turn ends with, which must end generation in llama.cpp
     bos: str | None = None
     nfc: bool = False
+    generation_eos: tuple[str, ...] = ()  # generation_config.json's list of eos ids, by text
 
 
 FAMILIES = {
@@ -59,9 +61,11 @@ FAMILIES = {
                      ("<PAD>", "<UNK>", "<BOS_TOKEN>", "<EOS_TOKEN>", "<|START_OF_TURN_TOKEN|>",
                       "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"), "<|END_OF_TURN_TOKEN|>",
                      "<|END_OF_TURN_TOKEN|>", bos="<BOS_TOKEN>", nfc=True),
+    # GLM-4 ends a turn by starting the next: <|user|>, or <|observation|> after a tool call.
     "glm4": Family("glm4", "glm4", "glm4",
                    ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
-                    "<|observation|>"), "<|endoftext|>", "<|endoftext|>"),
+                    "<|observation|>"), "<|endoftext|>", "<|user|>",
+                   generation_eos=("<|endoftext|>", "<|user|>", "<|observation|>")),
     "exaone4": Family("exaone4", "exaone4", "exaone4",
                       ("[PAD]", "[BOS]", "[|endofturn|]", "[UNK]", "<|system|>", "<|user|>", "<|assistant|>"),
                       "[|endofturn|]", "[|endofturn|]"),
@@ -76,6 +80,9 @@ def family_case(request, tmp_path_factory):
                               eos=family.eos, model_type=family.model_type, nfc=family.nfc,
                               chat_template=_CHATML)
     hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    if family.generation_eos:
+        eos_ids = [hf.convert_tokens_to_ids(text) for text in family.generation_eos]
+        (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
     metadata = export_tokenizer(model_dir)
     llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir.parent / "vocab.gguf"))
     return family, hf, llm, metadata
@@ -104,7 +111,7 @@ def test_family_end_of_generation_and_chat_template(family_case):
     family, hf, llm, metadata = family_case
     vocab = llm._model.vocab
     assert metadata.get("tokenizer.ggml.eos_token_id") == hf.eos_token_id
-    for text in {family.eos, family.end_of_turn}:
+    for text in {family.eos, family.end_of_turn, *family.generation_eos}:
         assert llama_cpp.llama_vocab_is_eog(vocab, hf.convert_tokens_to_ids(text)), text
     assert metadata.get("tokenizer.chat_template") == _CHATML
 
@@ -129,6 +136,8 @@ def test_family_end_of_turn_and_fim_ids_are_the_ones_llama_cpp_detects(family_ca
             stripped.add_value(key, value)
     vocab = load_llama_vocab(write_vocab_gguf(stripped, tmp_path / "stripped.gguf"))._model.vocab
     for key, getter in _TEXT_ROLE_GETTERS.items():
+        if family.generation_eos and key == "tokenizer.ggml.eot_token_id":
+            continue  # generation_config.json's list decides (test_family_end_of_generation_and_chat_template)
         assert metadata.get(key, -1) == getattr(llama_cpp, getter)(vocab), (family.model_type, key)
 
 
@@ -148,9 +157,20 @@ def test_family_names_only_for_their_family(entry, tmp_path):
 
 
 def test_text_config_model_type_names_the_family(tmp_path):
-    import json
-
     model_dir = train_bpe_for_table_entry(tmp_path / "tok", "command-r", vocab_size=400)
     (model_dir / "config.json").write_text(json.dumps({"model_type": "some_vlm", "text_config": {"model_type": "cohere2"}}))
     assert export_tokenizer(model_dir).get("tokenizer.ggml.pre") == "command-r"
     assert identify_pre_tokenizer({"type": "ByteLevel", "use_regex": True}, tmp_path, model_type="exaone4") == "exaone4"
+
+
+def test_more_listed_eos_ids_than_keys_is_a_warning(tmp_path, caplog):
+    """eot and eom can name two more end-of-generation tokens; a third is said, not dropped silently."""
+    specials = ("<|endoftext|>", "<|user|>", "<|observation|>", "<|tool|>")
+    model_dir = train_bpe_for_table_entry(tmp_path / "tok", "glm4", vocab_size=400, specials=specials)
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ids = [hf.convert_tokens_to_ids(text) for text in specials]
+    (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    with caplog.at_level("WARNING"):
+        metadata = export_tokenizer(model_dir)
+    assert (metadata.get("tokenizer.ggml.eot_token_id"), metadata.get("tokenizer.ggml.eom_token_id")) == tuple(ids[1:3])
+    assert "generation_config.json" in caplog.text and "<|tool|>" in caplog.text

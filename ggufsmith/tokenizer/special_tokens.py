@@ -10,6 +10,7 @@ from typing import Any
 from ggufsmith.constants import Keys, TokenType
 from ggufsmith.gguf_writer.metadata import Metadata
 
+from .end_of_generation import extra_end_of_generation_ids
 from .hf_files import (
     CONFIG,
     GENERATION_CONFIG,
@@ -157,7 +158,8 @@ def add_special_tokens_metadata(
     ids = resolve_special_ids(files, vocab, fallback_ids)
     for role, token_id in ids.items():
         metadata.add_uint32(ROLE_KEYS[role], token_id)
-    for key, token_id in text_role_ids(vocab).items():
+    roles = text_role_ids(vocab) | extra_end_of_generation_ids(files, vocab, ids.get("eos"))
+    for key, token_id in roles.items():
         metadata.add_uint32(key, token_id)
 
     bos_text = vocab.tokens[ids["bos"]] if "bos" in ids else None
