@@ -1,5 +1,5 @@
 """A byte-level BPE published as the "slow" tokenizer files: vocab.json + merges.txt, without a
-tokenizer.json (many GPT-2, GPT-J, CodeGen, RoBERTa and Whisper folders).
+tokenizer.json (many GPT-2, GPT-J, CodeGen and Whisper folders).
 
 transformers builds its tokenizer from these files in a fixed way (GPT2Tokenizer and its kin): a BPE
 model over the vocabulary and merges, the GPT-2 ByteLevel pre-tokenizer (with the folder's
@@ -21,7 +21,7 @@ from .hf_files import (
     TOKENIZER_CONFIG,
     TokenizerFiles,
     added_tokens_file,
-    read_json,
+    read_json_object,
     token_content,
 )
 from .tokenizer_json import check_tokenizer_json
@@ -39,16 +39,6 @@ _SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 def has_bpe_vocab_files(model_dir: Path) -> bool:
     return (model_dir / VOCAB_JSON).is_file() and (model_dir / MERGES_TXT).is_file()
-
-
-def _read_vocab(path: Path) -> dict[str, int]:
-    vocab = read_json(path)
-    if not isinstance(vocab, dict) or not all(
-        isinstance(text, str) and isinstance(i, int) and not isinstance(i, bool) and i >= 0
-        for text, i in vocab.items()
-    ):
-        raise TokenizerError(f"{path}: expected a JSON object mapping token text to a non-negative id")
-    return vocab
 
 
 def _read_merges(path: Path) -> list[str]:
@@ -103,7 +93,7 @@ def _check_tokenizer_class(files: TokenizerFiles) -> None:
 def tokenizer_json_from_vocab_files(model_dir: Path, files: TokenizerFiles) -> dict[str, Any]:
     """The tokenizer.json transformers builds from vocab.json + merges.txt and the config files."""
     _check_tokenizer_class(files)
-    vocab = _read_vocab(model_dir / VOCAB_JSON)
+    vocab = read_json_object(model_dir / VOCAB_JSON)  # its ids are checked with the rest below
     merges = _read_merges(model_dir / MERGES_TXT)
 
     added_json = {token.content: token.id for token in added_tokens_file(model_dir / ADDED_TOKENS)}

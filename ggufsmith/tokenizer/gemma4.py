@@ -38,11 +38,11 @@ RENDERED_SPECIAL_TOKENS = frozenset({
 
 
 def _note_newline_merges(merges: list[str], path: Path, differences: TokenizationDifferences) -> None:
-    across = [merge for merge in merges if "\n" in merge.replace(" ", "", 1) and merge.replace(" ", "", 1).strip("\n")]
+    joined = (merge.replace(" ", "", 1) for merge in merges)
+    across = [text for text in joined if "\n" in text and text.strip("\n")]
     if across:
-        differences.add(f"{path.name}'s merge {across[0]!r} (and {len(across) - 1} more joining a newline with other "
-                        "text; llama.cpp's gemma4 tokenizer splits the text at newlines)",
-                        "text where those merges apply")
+        differences.add(f"{path.name}'s {len(across)} merge(s) joining a newline with other text ({across[0]!r}, ...)",
+                        "text where they apply (llama.cpp's gemma4 tokenizer splits the text at newlines first)")
 
 
 def load_gemma4_vocabulary(
