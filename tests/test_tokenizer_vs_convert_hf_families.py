@@ -126,3 +126,28 @@ def test_keys_match_llama_cpp_converter(tmp_path, case):
     different = sorted(k for k in set(ours) & set(theirs)
                        if (ours[k] != pytest.approx(theirs[k]) if k == "tokenizer.ggml.scores" else ours[k] != theirs[k]))
     assert different == sorted(DIFFERENT.get(case, set())), case
+
+
+def test_gemma3_tokenizer_json_only_where_the_reference_goes_wrong(tmp_path):
+    """A Gemma 3 folder with tokenizer.json but no tokenizer.model (what transformers 5 saves): the
+    reference converter takes its byte-level BPE path ("gpt2"; it refuses the folder unless told a
+    pre-tokenizer name, its hash being unknown), which llama.cpp then applies to GPT-2 byte-mapped
+    text, not to the "▁" text the vocabulary is made of. Our SentencePiece ("llama") export tokenizes
+    as transformers does. This is the one listed case where our tokenizer keys differ on purpose."""
+    from tests.tokenizer_helpers import CHECK_TEXT, load_llama_vocab, write_vocab_gguf
+
+    _train_gemma(tmp_path / "spm")
+    model_dir = tmp_path / "json"
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "spm").save_pretrained(model_dir)
+    n_tokens = len(export_tokenizer(model_dir).get("tokenizer.ggml.tokens"))
+    _save_tiny_model(model_dir, "Gemma3ForCausalLM", "Gemma3TextConfig", n_tokens, **dict(_SMALL, head_dim=16))
+    _reference_keys(model_dir, tmp_path / "reference.gguf", "default")
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    expected = hf.encode(CHECK_TEXT, add_special_tokens=False)
+
+    theirs = load_llama_vocab(tmp_path / "reference.gguf")
+    assert theirs.tokenize(CHECK_TEXT.encode(), add_bos=False, special=False) != expected
+    metadata = export_tokenizer(model_dir, vocab_size=n_tokens)
+    assert metadata.get("tokenizer.ggml.model") == "llama"
+    ours = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "ours.gguf", arch="gemma3"))
+    assert ours.tokenize(CHECK_TEXT.encode(), add_bos=False, special=False) == expected
