@@ -1,14 +1,27 @@
 """The `ggufsmith` command line: subcommands, and one place that turns errors into one-line messages.
 
 Each subcommand lives in the module that does its work; that module provides
-`add_arguments(parser)` and `run(args) -> int`. This file only wires them together.
+`add_arguments(parser)` and `run(args) -> int`. This file only wires them together, and decides
+what reaches the terminal:
+
+- an error is one line, `ggufsmith: error: ...`, and the only line (no traceback unless --verbose);
+- SIGTERM and SIGHUP stop the command as Ctrl-C does, so the same clean-up runs (the writer deletes
+  its temporary file): exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM);
+- warnings of ggufsmith's own (its loggers) are held until the command succeeds, then printed one
+  line each; --quiet drops them, --verbose prints them as they come. Warnings of other libraries
+  (numpy, torch: Python's warnings module) are shown only with --verbose.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import import_module
 
 from ggufsmith import __version__
@@ -46,10 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args) or 0)
+        with _stop_signals(), _held_warnings(args.verbose, getattr(args, "quiet", False)) as held:
+            status = int(args.run(args) or 0)
+        for line in held:
+            print(f"ggufsmith: warning: {line}", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         print("ggufsmith: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
+    except Stopped as e:
+        print(f"ggufsmith: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum
     except (GgufsmithError, OSError, MemoryError) as e:
         if args.verbose:
             traceback.print_exc()
@@ -61,6 +81,78 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ggufsmith: internal error: {type(e).__name__}: {_one_line(e)} (run with --verbose for the traceback)", file=sys.stderr)
         return 1
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt for Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_stop_signal(signum: int, frame) -> None:
+    # The first signal starts the clean-up; more (a second Ctrl-C, a service manager's repeated
+    # SIGTERM) must not interrupt it halfway and leave the temporary file behind.
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # main() called from a thread
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # `nohup ggufsmith ...` keeps ignoring SIGHUP
+            signal.signal(sig, _on_stop_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(" ".join(record.getMessage().split()))
+
+
+@contextmanager
+def _held_warnings(verbose: bool, quiet: bool) -> Iterator[list[str]]:
+    """The warnings to print once the command succeeds (see the module docstring)."""
+    ours, foreign = logging.getLogger("ggufsmith"), logging.getLogger("py.warnings")
+    saved = [(logger, logger.level, logger.propagate) for logger in (ours, foreign)]
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ggufsmith: %(levelname)s: %(name)s: %(message)s"))
+        ours.setLevel(logging.DEBUG)
+    else:
+        handler = _Held()
+        ours.setLevel(logging.ERROR if quiet else logging.WARNING)
+    foreign_handler = handler if verbose else logging.NullHandler()
+    ours.addHandler(handler)
+    foreign.addHandler(foreign_handler)
+    ours.propagate = foreign.propagate = False
+    logging.captureWarnings(True)
+    try:
+        yield handler.lines if isinstance(handler, _Held) else []
+    finally:
+        logging.captureWarnings(False)
+        ours.removeHandler(handler)
+        foreign.removeHandler(foreign_handler)
+        for logger, level, propagate in saved:
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def _one_line(e: BaseException) -> str:
