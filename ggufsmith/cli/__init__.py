@@ -5,8 +5,11 @@ Each subcommand lives in the module that does its work; that module provides
 what reaches the terminal:
 
 - an error is one line, `ggufsmith: error: ...`, and the only line (no traceback unless --verbose);
-- SIGTERM and SIGHUP stop the command as Ctrl-C does, so the same clean-up runs (the writer deletes
-  its temporary file): exit status 128 + the signal's number (130 for Ctrl-C, 143 for SIGTERM);
+- Ctrl-C, SIGTERM and SIGHUP stop the command at once: the temporary file being written is deleted,
+  one line says so, and the exit status is 128 + the signal's number (130 for Ctrl-C, 143 for
+  SIGTERM). The handler exits from where it runs rather than raising an exception through the
+  code below: an exception raised at an arbitrary point can leave a lock of the conversion's
+  thread pool held and the process hung in its clean-up;
 - warnings of ggufsmith's own (its loggers) are held until the command succeeds, then printed one
   line each; --quiet drops them, --verbose prints them as they come. Warnings of other libraries
   (numpy, torch: Python's warnings module) are shown only with --verbose.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -26,6 +30,7 @@ from importlib import import_module
 
 from ggufsmith import __version__
 from ggufsmith.errors import GgufsmithError
+from ggufsmith.gguf_writer.output import delete_own_temp_files
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -64,12 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in held:
             print(f"ggufsmith: warning: {line}", file=sys.stderr)
         return status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # main() called from a thread other than the main one: no handler
         print("ggufsmith: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
-    except Stopped as e:
-        print(f"ggufsmith: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
-        return 128 + e.signum
     except (GgufsmithError, OSError, MemoryError) as e:
         if args.verbose:
             traceback.print_exc()
@@ -83,23 +85,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread like KeyboardInterrupt for Ctrl-C."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _on_stop_signal(signum: int, frame) -> None:
-    # The first signal starts the clean-up; more (a second Ctrl-C, a service manager's repeated
-    # SIGTERM) must not interrupt it halfway and leave the temporary file behind.
-    for other in STOP_SIGNALS:
+    for other in STOP_SIGNALS:  # a second signal must not cut the clean-up short
         signal.signal(other, signal.SIG_IGN)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(signum)
+    delete_own_temp_files()
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    newline = "\n" if sys.stderr.isatty() else ""  # after a progress bar's unfinished line
+    try:
+        print(f"{newline}ggufsmith: {what}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(128 + signum)
 
 
 @contextmanager

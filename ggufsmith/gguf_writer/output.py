@@ -17,6 +17,8 @@ Every file ggufsmith writes goes through here (GGUFWriter uses it):
   writer that died without cleaning up (SIGKILL, out of memory, power loss). The kernel releases a
   flock when its holder dies, so a live writer's file is never taken for a dead one's, whatever
   process ids are reused, and the check is made on the file itself, not on a guess from its name.
+- `delete_own_temp_files` is for a process about to exit on a signal (the CLI's SIGTERM handler):
+  it deletes this process's temporary files at once, without unwinding the stack.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ TEMP_MARK = ".ggufsmith-"
 TEMP_SUFFIX = ".tmp"
 _TEMP_NAME = re.compile(r"^\..+\.ggufsmith-[0-9a-f]{8}\.tmp$", re.DOTALL)
 _MAX_NAME_IN_TEMP = 200  # keeps the temporary name under the usual 255-byte limit
+# The temporary files this process is writing, for delete_own_temp_files.
+_OWN_TEMP_FILES: set[Path] = set()
 
 
 @dataclass(frozen=True)
@@ -171,10 +175,16 @@ class TempFile(OutputFile):
     def __init__(self, target: Target) -> None:
         remove_dead_temp_files(target.path.parent)
         self.path, fd = _create_locked(target)
-        # A second descriptor keeps the lock while the data's descriptor is closed (close reports
-        # the last write errors on some file systems) and the file is renamed.
-        self._lock_fd = os.dup(fd)
-        super().__init__(target, os.fdopen(fd, "wb"))
+        try:
+            # A second descriptor keeps the lock while the data's descriptor is closed (close
+            # reports the last write errors on some file systems) and the file is renamed.
+            self._lock_fd = os.dup(fd)
+            super().__init__(target, os.fdopen(fd, "wb"))
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            _OWN_TEMP_FILES.discard(self.path)
+            raise
 
     def commit(self, fsync: bool) -> None:
         with self._errors("finishing"):
@@ -195,8 +205,20 @@ class TempFile(OutputFile):
             self._unlock()
 
     def _unlock(self) -> None:
+        _OWN_TEMP_FILES.discard(self.path)
         os.close(self._lock_fd)
         self._lock_fd = -1
+
+
+def delete_own_temp_files() -> None:
+    """Delete the temporary files this process is writing: it is about to exit without unwinding
+    (a signal handler). A file already renamed onto its target is gone from its temporary name:
+    the target is then complete."""
+    for path in list(_OWN_TEMP_FILES):
+        try:
+            path.unlink()
+        except OSError:
+            pass
 
 
 def open_output(target: Target) -> OutputFile:
@@ -219,14 +241,17 @@ def _create_locked(target: Target) -> tuple[Path, int]:
             continue
         except OSError as e:
             raise OutputError(f"{target.given}: cannot create a file in {path.parent} ({e.strerror})") from None
+        _OWN_TEMP_FILES.add(path)
         try:
             if _lock(fd, blocking=True) is False or _names(path, fd):
                 return path, fd
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)
+            _OWN_TEMP_FILES.discard(path)
             raise
         os.close(fd)
+        _OWN_TEMP_FILES.discard(path)
     raise OutputError(f"{target.given}: could not create a temporary file in {target.path.parent}")
 
 
