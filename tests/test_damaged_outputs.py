@@ -253,3 +253,30 @@ def test_write_errors_name_the_output_through_the_library(tmp_path):
         ggufsmith.convert(EXAMPLE_MODEL, "/dev/full", "f16", force=True)
     with pytest.raises(OutputError, match="with --force ggufsmith writes into it"):
         ggufsmith.convert(EXAMPLE_MODEL, "/dev/full", "f16")
+
+
+# `imatrix` checks its target before running the model: the same refusals, in a second.
+IMATRIX_TARGETS = {
+    "output_is_the_calibration_text": lambda model, text: text,
+    "output_is_a_file_of_the_model_folder": lambda model, text: model / "tokenizer.model",
+    "output_is_a_fifo": lambda model, text: _fifo(text.parent / "out.gguf"),
+    "output_folder_is_missing": lambda model, text: text.parent / "missing" / "out.gguf",
+}
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("damage", list(IMATRIX_TARGETS))
+def test_imatrix_damaged_output(damage, tmp_path):
+    model = copy_example(tmp_path)
+    text = tmp_path / "calibration.txt"
+    text.write_text("The llama reads the weights. " * 20)
+    out = IMATRIX_TARGETS[damage](model, text)
+    before = {p: _snapshot(p) for p in (out, text, *model.iterdir())}
+    proc = run_cli("imatrix", model, text, out, "--chunk-size", "16", timeout=120)
+    assert_clean_failure(proc, str(out), target=None)
+    assert {p: _snapshot(p) for p in before} == before
+    assert leftovers(tmp_path) == [] and leftovers(model) == []
