@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -75,6 +76,9 @@ class Run:
 
 
 def _limit_file_size() -> None:
+    # Past the limit the kernel sends SIGXFSZ, which kills by default; ignored, the write fails
+    # with EFBIG instead (Python ignores it too, but not before it starts).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # 1 MiB; the outputs are larger
 
 
