@@ -78,7 +78,15 @@ MODELS = {
     "seed_oss": variant("SeedOssConfig", "SeedOssForCausalLM", "seed_oss", "qwen2", attention_bias=True),
     # ERNIE 4.5 (0.3B style): interleaved rope, SentencePiece
     "ernie4_5": variant("Ernie4_5Config", "Ernie4_5ForCausalLM", "ernie4_5", "sentencepiece", use_bias=False,
+                        bos_token_id=1, eos_token_id=2,  # <s>, </s> of the SentencePiece model
                         differences=TOKENIZER_KEY_DIFFERENCES),
+    # Command R: parallel attention and MLP, tied head, logit scale; Command R7B: sliding window 3 of 4
+    "command-r": variant("CohereConfig", "CohereForCausalLM", "command-r", "starcoder", tie_word_embeddings=True,
+                         logit_scale=0.25, layer_norm_eps=1e-5),
+    "cohere2": variant("Cohere2Config", "Cohere2ForCausalLM", "cohere2", "starcoder", tie_word_embeddings=True,
+                       logit_scale=0.25, sliding_window=8, layer_norm_eps=1e-5,
+                       differences="convert_hf_to_gguf.py (0.3.36) fails on transformers 5 Cohere2 configs "
+                                   "(KeyError: 'rotary_pct', now in rope_parameters)"),
 }
 
 

@@ -10,9 +10,11 @@ what reaches the terminal:
   SIGTERM). The handler exits from where it runs rather than raising an exception through the
   code below: an exception raised at an arbitrary point can leave a lock of the conversion's
   thread pool held and the process hung in its clean-up;
-- warnings of ggufsmith's own (its loggers) are held until the command succeeds, then printed one
-  line each; --quiet drops them, --verbose prints them as they come. Warnings of other libraries
-  (numpy, torch: Python's warnings module) are shown only with --verbose.
+- warnings of ggufsmith's own (its loggers: the file will behave differently from the original
+  in some way) are held until the command succeeds, then printed one line each, --quiet or not;
+  --verbose prints them as they come. Warnings of other libraries (numpy, torch: Python's warnings
+  module) are shown only with --verbose. --quiet (each command's) silences everything else but
+  errors: progress, summaries, notes.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with _stop_signals(), _held_warnings(args.verbose, getattr(args, "quiet", False)) as held:
+        with _stop_signals(), _held_warnings(args.verbose) as held:
             status = int(args.run(args) or 0)
         for line in held:
             print(f"ggufsmith: warning: {line}", file=sys.stderr)
@@ -126,7 +128,7 @@ class _Held(logging.Handler):
 
 
 @contextmanager
-def _held_warnings(verbose: bool, quiet: bool) -> Iterator[list[str]]:
+def _held_warnings(verbose: bool) -> Iterator[list[str]]:
     """The warnings to print once the command succeeds (see the module docstring)."""
     ours, foreign = logging.getLogger("ggufsmith"), logging.getLogger("py.warnings")
     saved = [(logger, logger.level, logger.propagate) for logger in (ours, foreign)]
@@ -136,7 +138,7 @@ def _held_warnings(verbose: bool, quiet: bool) -> Iterator[list[str]]:
         ours.setLevel(logging.DEBUG)
     else:
         handler = _Held()
-        ours.setLevel(logging.ERROR if quiet else logging.WARNING)
+        ours.setLevel(logging.WARNING)
     foreign_handler = handler if verbose else logging.NullHandler()
     ours.addHandler(handler)
     foreign.addHandler(foreign_handler)

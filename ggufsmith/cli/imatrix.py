@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-chunks", type=int, default=None, metavar="N", help="use at most N chunks (default: all)")
     parser.add_argument("--process-output", action="store_true", help="collect output.weight too (llama-imatrix --process-output)")
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin for the tensor names (default: from config.json)")
-    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
     from ggufsmith.cli.quantize import add_force_option
 
     add_force_option(parser)
@@ -43,14 +43,13 @@ def run(args: argparse.Namespace) -> int:
     result = compute_imatrix(args.src, text, chunk_size=args.chunk_size, max_chunks=args.max_chunks,
                              process_output=args.process_output, arch=args.arch, progress=progress)
     write_computed_imatrix(result, args.dst, args.text, inputs=inputs, force=args.force)
-    if args.quiet:
-        return 0
     for name in result.not_collected:
         print(f"ggufsmith: warning: no activations reached {name}; it has no entry", file=sys.stderr)
     for name, (_, counts) in result.entries().items():
         if (counts == 0).any():
             print(f"ggufsmith: warning: {name}: {int((counts == 0).sum())} of {counts.size} experts got no tokens "
                   "(llama-quantize then weighs them uniformly)", file=sys.stderr)
-    print(f"wrote {args.dst}: {len(result.entries())} matrices, {result.chunk_count} chunks of {result.chunk_size} tokens "
-          f"(text: {result.n_tokens} tokens)", file=sys.stderr)
+    if not args.quiet:
+        print(f"wrote {args.dst}: {len(result.entries())} matrices, {result.chunk_count} chunks of {result.chunk_size} tokens "
+              f"(text: {result.n_tokens} tokens)", file=sys.stderr)
     return 0

@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
-    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors (and the --dry-run plan)")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
     add_force_option(parser)
 
 
