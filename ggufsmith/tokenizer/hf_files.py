@@ -23,9 +23,9 @@ GENERATION_CONFIG = "generation_config.json"
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"
 CHAT_TEMPLATE_JSON = "chat_template.json"
 
-# No real vocabulary comes near this many tokens (the largest have ~262k); a larger id in a
-# tokenizer file is damage, and would otherwise make the exporter pad a list to that length.
-MAX_TOKEN_ID = (1 << 24) - 1
+# No real vocabulary comes near this many tokens (the largest have ~262k, 8 times fewer): a larger
+# id in a tokenizer file is damage, and would make the exporter pad its token list to that length.
+MAX_TOKEN_ID = (1 << 21) - 1
 
 
 def read_json(path: Path) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ _SP_UNIGRAM, _SP_BPE = 1, 2
 # ModelProto.SentencePiece.Type uses the same numbers as GGUF's token types.
 _SP_PIECE_TYPES = {int(t): t for t in TokenType}
 _WHITESPACE_MARK = "\u2581"  # SentencePiece's visible space
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 def load_model_proto(path: Path) -> ModelProto:
@@ -122,6 +124,9 @@ def load_sentencepiece_vocabulary(
             # sentencepiece matches user-defined symbols in text whose spaces are "▁"; llama.cpp
             # matches them in the raw text, so "▁myword" must read " myword" there.
             text = text.replace(_WHITESPACE_MARK, " ")
+        elif token_type == TokenType.BYTE and not _BYTE_PIECE.fullmatch(text):
+            # llama.cpp reads a byte token's value from its text and fails on any other spelling.
+            raise TokenizerError(f"{model_path}: byte piece {token_id} is {text!r:.40}, not <0xXX>")
         vocab.set_token(token_id, text, token_type, piece.score)
     added = added_token_entries(model_dir, files, tokenizer_json)
     note_space_stripping(added, differences)
