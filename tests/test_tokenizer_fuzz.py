@@ -53,6 +53,26 @@ def bpe_model(tmp_path_factory) -> Path:
     return model_dir
 
 
+@pytest.fixture(scope="module")
+def llama3_model(tmp_path_factory) -> Path:
+    """A post_processor that is a TemplateProcessing (bos) and a BPE with ignore_merges."""
+    model_dir = train_bpe(tmp_path_factory.mktemp("llama3"), "llama3", vocab_size=400)
+    export_tokenizer(model_dir)  # the unmutated folder converts
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def sp_json_model(sp_model, tmp_path_factory) -> Path:
+    """The SentencePiece model as transformers 5 saves it: a byte-fallback BPE tokenizer.json only."""
+    import transformers
+
+    model_dir = tmp_path_factory.mktemp("sp-json")
+    transformers.AutoTokenizer.from_pretrained(sp_model).save_pretrained(model_dir)
+    (model_dir / "tokenizer.model").unlink(missing_ok=True)
+    export_tokenizer(model_dir)  # the unmutated folder converts
+    return model_dir
+
+
 # --- tokenizer.model -----------------------------------------------------------------------------
 
 _edits = st.lists(
@@ -157,7 +177,8 @@ def _replace(document, path, value):
 
 
 # (file, the model folder it is fuzzed in)
-_JSON_FILES = [("tokenizer.json", "bpe_model"), ("tokenizer_config.json", "bpe_model"),
+_JSON_FILES = [("tokenizer.json", "bpe_model"), ("tokenizer.json", "llama3_model"), ("tokenizer.json", "sp_json_model"),
+               ("tokenizer_config.json", "bpe_model"),
                ("special_tokens_map.json", "bpe_model"), ("tokenizer_config.json", "sp_model"),
                ("added_tokens.json", "sp_model")]
 

@@ -37,9 +37,13 @@ _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 def load_model_proto(path: Path) -> ModelProto:
     """Parse tokenizer.model (a SentencePiece ModelProto; read without the sentencepiece package)."""
     try:
-        proto = parse_model_proto(path.read_bytes())
+        data = path.read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        proto = parse_model_proto(data)
     except ValueError as e:
-        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
+        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from None
     if not proto.pieces:
         raise TokenizerError(f"{path}: not a SentencePiece model (no pieces)")
     return proto
