@@ -87,3 +87,20 @@ def test_python_api_strict_tokenizer(nfkc_model, tmp_path):
     with pytest.raises(TokenizerError, match="nmt_nfkc.*refused by --strict-tokenizer"):
         ggufsmith.convert(nfkc_model, tmp_path / "model.gguf", "f32", strict_tokenizer=True)
     assert not (tmp_path / "model.gguf").exists()
+
+
+def test_the_warning_gives_way_to_an_error(nfkc_model, tmp_path):
+    # The conversion fails after the tokenizer was exported (a weight is missing): the error is the
+    # one line printed; the tokenizer warning is printed only when a conversion succeeds.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(nfkc_model, model_dir)
+    weights = load_file(model_dir / "model.safetensors")
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    target = tmp_path / "model.gguf"
+    proc = run_cli("convert", model_dir, target, "--outtype", "f32", "--quiet")
+    assert_clean_failure(proc, "blk.1.ffn_down.weight", target)

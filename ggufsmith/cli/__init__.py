@@ -7,6 +7,7 @@ Each subcommand lives in the module that does its work; that module provides
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 from importlib import import_module
@@ -39,12 +40,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _HeldWarnings(logging.Handler):
+    """ggufsmith's warnings during a command (a tokenizer llama.cpp applies differently, a rope
+    llama.cpp ignores, ...), printed once the command has succeeded: when it fails, its error is
+    the one line it prints."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(" ".join(record.getMessage().split()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    held = _HeldWarnings()
+    logger = logging.getLogger("ggufsmith")
+    logger.addHandler(held)
+    try:
+        status = _run(args)
+    finally:
+        logger.removeHandler(held)
+    if status == 0:
+        for message in held.messages:
+            print(f"ggufsmith: warning: {message}", file=sys.stderr)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
