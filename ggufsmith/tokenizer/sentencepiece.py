@@ -19,6 +19,7 @@ from .hf_files import (
     TokenizerFiles,
     added_tokens_file,
     config_added_tokens,
+    get_typed,
     tokenizer_json_added_tokens,
 )
 from .sentencepiece_model import ModelProto, parse_model_proto
@@ -136,8 +137,8 @@ def load_sentencepiece_vocabulary(
     note_space_stripping(added, differences)
     _apply_added_tokens(vocab, added, model_path)
 
-    add_prefix = files.tokenizer_config.get("add_prefix_space")
-    vocab.add_space_prefix = add_prefix if isinstance(add_prefix, bool) else proto.normalizer_spec.add_dummy_prefix
+    add_prefix = get_typed(files.tokenizer_config, "add_prefix_space", bool, model_dir / TOKENIZER_CONFIG)
+    vocab.add_space_prefix = proto.normalizer_spec.add_dummy_prefix if add_prefix is None else add_prefix
     vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
 
     # transformers' LlamaTokenizer defaults to the model's <unk>, <s> and </s>, and to no pad token.
