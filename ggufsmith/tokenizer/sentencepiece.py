@@ -10,7 +10,12 @@ from typing import Any
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .differences import SENTENCEPIECE_NORMALIZATION_TEXT, TokenizationDifferences, note_space_stripping
+from .differences import (
+    SENTENCEPIECE_NORMALIZATION_TEXT,
+    TokenizationDifferences,
+    note_space_stripping,
+    note_spacing_after_special_tokens,
+)
 from .hf_files import (
     ADDED_TOKENS,
     TOKENIZER_CONFIG,
@@ -137,6 +142,7 @@ def load_sentencepiece_vocabulary(
     note_space_stripping(added, differences)
     _apply_added_tokens(vocab, added, model_path)
 
+    note_spacing_after_special_tokens(files, differences)
     add_prefix = get_typed(files.tokenizer_config, "add_prefix_space", bool, model_dir / TOKENIZER_CONFIG)
     vocab.add_space_prefix = proto.normalizer_spec.add_dummy_prefix if add_prefix is None else add_prefix
     vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
