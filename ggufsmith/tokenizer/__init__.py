@@ -3,7 +3,10 @@
 Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
-  "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
+  "gpt2"   a byte-level BPE (tokens, merges, types, and the named pre-tokenizer), from tokenizer.json
+           or, without one, from the slow files vocab.json + merges.txt
+  "gemma4" Gemma 4's tokenizer.json (BPE merges over "▁"-escaped text; llama.cpp's gemma4 tokenizer),
+           chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
 What llama.cpp's own converter converts is converted. Where llama.cpp will then tokenize some text
 differently from transformers / sentencepiece (a normalization it does not apply, added tokens that
@@ -23,8 +26,10 @@ from ggufsmith.errors import TokenizerError
 from ggufsmith.gguf_writer.metadata import Metadata
 
 from .bpe import load_bpe_vocabulary
+from .bpe_vocab_files import MERGES_TXT, VOCAB_JSON, has_bpe_vocab_files, tokenizer_json_from_vocab_files
 from .chat_template import add_chat_template_metadata
 from .differences import TokenizationDifferences
+from .gemma4 import load_gemma4_vocabulary
 from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles
 from .pretokenizer import identify_pre_tokenizer
 from .rwkv_world import RWKV_WORLD_VOCAB, export_rwkv_world, has_rwkv_world_vocab
@@ -37,7 +42,7 @@ from .tokenizer_json import load_tokenizer_json
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer", "load_sentencepiece_model",
            "load_tokenizer_json"]
 
-KINDS = ("llama", "gpt2", "rwkv")
+KINDS = ("llama", "gpt2", "gemma4", "rwkv")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
@@ -52,10 +57,13 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
         if tokenizer_json is None:
             tokenizer_json = load_tokenizer_json(json_file)
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
+    if has_bpe_vocab_files(model_dir):
+        return "gpt2"
     if has_rwkv_world_vocab(model_dir):
         return "rwkv"
     raise TokenizerError(
-        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON} or {RWKV_WORLD_VOCAB})"
+        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON}, "
+        f"{VOCAB_JSON} + {MERGES_TXT} or {RWKV_WORLD_VOCAB})"
     )
 
 
@@ -97,11 +105,24 @@ def export_tokenizer(
         # transformers' LlamaTokenizer adds <s> but not </s> unless tokenizer_config.json says otherwise.
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":
+        source = json_file
         if not json_file.is_file():
-            raise TokenizerError(f"{json_file}: missing; a 'gpt2' (BPE) tokenizer needs it")
-        vocab = load_bpe_vocabulary(json_file, tokenizer_json, files, differences)
+            if not has_bpe_vocab_files(model_dir):
+                raise TokenizerError(
+                    f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; "
+                    "a 'gpt2' (BPE) tokenizer needs one of them"
+                )
+            tokenizer_json = tokenizer_json_from_vocab_files(model_dir, files)
+            source = model_dir / VOCAB_JSON
+        vocab = load_bpe_vocabulary(source, tokenizer_json, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
+    elif kind == "gemma4":
+        if not is_sentencepiece_style(tokenizer_json):
+            raise TokenizerError(f"{json_file}: missing or not a BPE with byte_fallback; a 'gemma4' tokenizer needs it")
+        vocab = load_gemma4_vocabulary(json_file, tokenizer_json, files, differences)
+        post_processor = tokenizer_json.get("post_processor")
+        default_add_bos, default_add_eos = True, False  # GemmaTokenizer's defaults
     else:
         raise TokenizerError(f"{model_dir}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
 

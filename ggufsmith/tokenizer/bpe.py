@@ -47,7 +47,7 @@ def _check_decoder(decoder: dict[str, Any] | None, path: Path, differences: Toke
                             "the text of generated tokens (llama.cpp decodes byte-level BPE only)")
 
 
-def _merges(model: dict[str, Any], path: Path) -> list[str]:
+def bpe_merges(model: dict[str, Any], path: Path) -> list[str]:
     """Merges as the "left right" strings llama.cpp splits at the first space."""
     merges = []
     for merge in model.get("merges") or []:
@@ -80,8 +80,9 @@ def load_bpe_vocabulary(
         path,
         ignore_merges=bool(model.get("ignore_merges", False)),
         clean_spaces=clean_spaces,
+        model_type=files.model_type,
     )
-    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=_merges(model, path))
+    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=bpe_merges(model, path))
     for text, token_id in sorted((model.get("vocab") or {}).items(), key=lambda item: item[1]):
         vocab.set_token(token_id, text, TokenType.NORMAL)
 

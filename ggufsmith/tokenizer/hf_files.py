@@ -149,6 +149,16 @@ class TokenizerFiles:
         )
 
 
+    @property
+    def model_type(self) -> str | None:
+        """config.json's model_type (of its text model, for a multimodal checkpoint)."""
+        text_config = self.config.get("text_config")
+        value = self.config.get("model_type")
+        if isinstance(text_config, dict) and isinstance(text_config.get("model_type"), str):
+            value = text_config["model_type"]
+        return value if isinstance(value, str) else None
+
+
 def token_content(entry: Any, where: Path, key: str) -> str | None:
     """The text of a special-token entry: a plain string or an AddedToken dict {"content": ...}."""
     entry = typed(entry, (str, dict), where, key)

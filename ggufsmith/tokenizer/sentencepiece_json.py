@@ -2,9 +2,10 @@
 
 transformers 5 saves Llama/Mistral-family tokenizers as tokenizer.json only: a BPE model with
 byte_fallback over text whose spaces are replaced by "▁" (Metaspace, or the older normalizer
-Prepend + Replace). llama.cpp's SPM tokenizer merges the adjacent pair whose joined text has the
-highest score, so each token's score is minus the rank of the first merge that produces it: the
-same order in which the BPE model applies its merges.
+Prepend + Replace; Gemma's: Replace, then a Split on " " that finds no space left). llama.cpp's
+SPM tokenizer merges the adjacent pair whose joined text has the highest score, so each token's
+score is minus the rank of the first merge that produces it: the same order in which the BPE model
+applies its merges.
 """
 
 from __future__ import annotations
@@ -35,12 +36,25 @@ def is_sentencepiece_style(tokenizer_json: dict[str, Any]) -> bool:
     return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
 
 
-def _space_prefix(
+def _is_split_on_space(pre: dict[str, Any] | None) -> bool:
+    """Gemma's pre-tokenizer: Split on the string " ". It runs after the normalizer has replaced every
+    space by "▁", so it never splits anything."""
+    return bool(pre) and pre.get("type") == "Split" and pre.get("pattern") == {"String": " "} and not pre.get("invert")
+
+
+def _is_space_replace(step: dict[str, Any]) -> bool:
+    return (step.get("type") == "Replace" and step.get("pattern") == {"String": " "}
+            and step.get("content") == _WHITESPACE_MARK)
+
+
+def space_prefix(
     tokenizer_json: dict[str, Any], path: Path, files: TokenizerFiles, differences: TokenizationDifferences
 ) -> bool:
     """Whether a "▁" is put before the text, from Metaspace or the older Prepend normalizer."""
     pre = tokenizer_json.get("pre_tokenizer")
     norm_steps = component_steps(tokenizer_json.get("normalizer"), "normalizers", path, "normalizer")
+    if _is_split_on_space(pre) and any(_is_space_replace(step) for step in norm_steps):
+        pre = None
     if pre:
         if pre.get("type") != "Metaspace" or pre.get("replacement", _WHITESPACE_MARK) != _WHITESPACE_MARK:
             raise TokenizerError(
@@ -59,7 +73,7 @@ def _space_prefix(
         kind = step["type"]
         if kind == "Prepend" and step.get("prepend") == _WHITESPACE_MARK:
             prepend = True
-        elif kind == "Replace" and step.get("pattern") == {"String": " "} and step.get("content") == _WHITESPACE_MARK:
+        elif _is_space_replace(step):
             replaces_spaces = True
         else:
             differences.add(f"{path.name}'s normalizer {kind}", hf_normalizer_text(step))
@@ -84,7 +98,7 @@ def load_sentencepiece_json_vocabulary(
         differences.add(f"{path.name}'s BPE ignore_merges",
                         "words that are whole tokens of the vocabulary but that the merges split otherwise")
     vocab = Vocabulary(model="llama", pre="default", source=path, scores=[])
-    vocab.add_space_prefix = _space_prefix(tokenizer_json, path, files, differences)
+    vocab.add_space_prefix = space_prefix(tokenizer_json, path, files, differences)
     vocab.remove_extra_whitespaces = False
 
     first_rank: dict[str, int] = {}

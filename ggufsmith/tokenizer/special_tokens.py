@@ -10,6 +10,7 @@ from typing import Any
 from ggufsmith.constants import Keys, TokenType
 from ggufsmith.gguf_writer.metadata import Metadata
 
+from .end_of_generation import extra_end_of_generation_ids
 from .hf_files import (
     CONFIG,
     GENERATION_CONFIG,
@@ -57,7 +58,7 @@ TEXT_ROLES: dict[str, tuple[str, ...]] = {
         "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
         "<|code_middle|>", "<|middle|>",
     ),
-    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     Keys.Tokenizer.FIM_REP_ID: ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     Keys.Tokenizer.FIM_SEP_ID: ("<|file_sep|>",),
 }
@@ -157,7 +158,8 @@ def add_special_tokens_metadata(
     ids = resolve_special_ids(files, vocab, fallback_ids)
     for role, token_id in ids.items():
         metadata.add_uint32(ROLE_KEYS[role], token_id)
-    for key, token_id in text_role_ids(vocab).items():
+    roles = text_role_ids(vocab) | extra_end_of_generation_ids(files, vocab, ids.get("eos"))
+    for key, token_id in roles.items():
         metadata.add_uint32(key, token_id)
 
     bos_text = vocab.tokens[ids["bos"]] if "bos" in ids else None
