@@ -63,6 +63,12 @@ class HFConfig:
         return HFConfig(self.get_dict(name) if values is None else values, self.path, self.generation,
                         section=self.key_name(name))
 
+    def with_defaults(self, defaults: Mapping[str, Any]) -> HFConfig:
+        """This config with `defaults` for the keys it leaves out (or sets to null): the values a
+        transformers config class fills in, for families whose published config.json omit them."""
+        values = dict(defaults) | {k: v for k, v in self.values.items() if v is not None}
+        return HFConfig(values, self.path, self.generation, section=self.section)
+
     def key_name(self, name: str) -> str:
         """How messages name a key of this config: "hidden_size", "text_config.hidden_size"."""
         return f"{self.section}.{name}" if self.section else name

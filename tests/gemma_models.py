@@ -1,0 +1,77 @@
+"""Tiny random-weight Gemma checkpoints built with transformers, with the family's features switched
+on so that getting them wrong changes the logits:
+- norm weights drawn around 0 with a wide spread (Gemma applies 1 + w: writing w alone, or 1 + w
+  twice, changes every layer's output),
+- GQA (4 query heads, 2 key/value heads) and head_dim different from hidden / heads,
+- Gemma 2: soft-capping small enough to bite (attention 2.0, final 3.0 against raw values of ~10),
+- Gemma 2/3: a sliding window of 5 tokens over prompts of 20+, on a per-layer pattern,
+- Gemma 3: q/k norms, different rope bases for local and global layers, linear rope scaling on the
+  global ones, and a layer pattern that is not llama.cpp's default (so the pattern key matters).
+Saved in float32, as transformers saves them, with a SentencePiece tokenizer.model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+HIDDEN = 64
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 24
+VOCAB = 1200  # the tests' SentencePiece vocabulary size
+WINDOW = 5
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=HEADS,
+              num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=256, rms_norm_eps=1e-6,
+              bos_token_id=2, eos_token_id=1, pad_token_id=0)
+
+# name -> (transformers config class, model class, config fields)
+VARIANTS: dict[str, tuple[str, str, dict]] = {
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(COMMON, num_hidden_layers=2, rope_theta=500.0)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        COMMON, num_hidden_layers=4, query_pre_attn_scalar=HEAD_DIM, sliding_window=WINDOW,
+        attn_logit_softcapping=2.0, final_logit_softcapping=3.0, rope_theta=500.0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        COMMON, num_hidden_layers=4, query_pre_attn_scalar=HEAD_DIM, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        final_logit_softcapping=3.0,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
+}
+# Gemma3ForConditionalGeneration: the same text model, with a tiny SigLIP vision tower beside it.
+MULTIMODAL = "gemma3-vision"
+
+
+def build_model(kind: str, model_dir: Path, seed: int = 0) -> Path:
+    """Save a random model of `kind` (a VARIANTS key or MULTIMODAL) in model_dir."""
+    import torch
+    import transformers
+
+    if kind == MULTIMODAL:
+        text = transformers.Gemma3TextConfig(**VARIANTS["gemma3"][2])
+        vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=32, patch_size=8)
+        config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                           image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
+        model_class = transformers.Gemma3ForConditionalGeneration
+    else:
+        config_class, model_name, fields = VARIANTS[kind]
+        config = getattr(transformers, config_class)(**fields)
+        model_class = getattr(transformers, model_name)
+    torch.manual_seed(seed)
+    model = model_class(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.5)  # the offset from 1 that Gemma stores
+            elif param.ndim >= 2:
+                param.normal_(0.0, 0.15)
+            else:
+                param.normal_(0.0, 0.1)
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+def load_model(model_dir: Path, kind: str):
+    import transformers
+
+    model_class = "Gemma3ForConditionalGeneration" if kind == MULTIMODAL else VARIANTS[kind][1]
+    return getattr(transformers, model_class).from_pretrained(model_dir, dtype="float32").eval()
