@@ -21,7 +21,7 @@ WINDOW = 5
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=HEADS,
               num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=256, rms_norm_eps=1e-6,
-              bos_token_id=2, eos_token_id=1, pad_token_id=0)
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)  # the tests' SentencePiece ids
 
 # name -> (transformers config class, model class, config fields)
 VARIANTS: dict[str, tuple[str, str, dict]] = {
@@ -36,6 +36,15 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
 }
+# For transformers' GGUF loader, which restores only a few keys (no soft-capping values, no
+# query_pre_attn_scalar, no layer pattern, no local rope base): the same models with transformers'
+# defaults for those, so that the config it rebuilds describes the model.
+VARIANTS["gemma2-defaults"] = ("Gemma2Config", "Gemma2ForCausalLM", dict(
+    COMMON, head_dim=256, num_hidden_layers=2, query_pre_attn_scalar=256, sliding_window=WINDOW, rope_theta=500.0))
+VARIANTS["gemma3-defaults"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+    COMMON, head_dim=256, num_hidden_layers=2, query_pre_attn_scalar=256, sliding_window=WINDOW))
+DEFAULTS_VARIANTS = ("gemma2-defaults", "gemma3-defaults")
+
 # Gemma3ForConditionalGeneration: the same text model, with a tiny SigLIP vision tower beside it.
 MULTIMODAL = "gemma3-vision"
 
