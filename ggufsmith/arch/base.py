@@ -131,6 +131,7 @@ class Architecture:
         self.checkpoint_config = config
         self.multimodal = self.language_model is not None and self.language_model.config in config
         self.config = config.sub(self.language_model.config) if self.multimodal else config
+        self._skipped_notice = ""  # what map_tensors left out of a multimodal checkpoint, told by check()
 
     # -- question 2 -----------------------------------------------------------------------
     def metadata(self) -> Metadata:
@@ -147,6 +148,8 @@ class Architecture:
         dims = model_dims(metadata, self.name, self.dims())
         check_model(self.name, self.tensor_names, [(m.name, m.tensor.shape, m.sources) for m in mapped], dims,
                     self.config.label)
+        if self._skipped_notice:
+            log.warning("%s", self._skipped_notice)  # once the conversion is known to go ahead
 
     # -- question 4 -----------------------------------------------------------------------
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
@@ -231,8 +234,9 @@ class Architecture:
                 names[hf_name] = spec.prefixes[prefix] + hf_name[len(prefix):]
         if skipped:
             parts = ", ".join(f"{spec.skipped[p]} ({n} tensors {p}*)" for p, n in skipped.items())
-            log.warning("%s: %s: converting the language model only; left out: %s",
-                        self.checkpoint_config.path, ", ".join(self.checkpoint_config.architectures) or self.name, parts)
+            self._skipped_notice = (f"{self.checkpoint_config.path}: "
+                                    f"{', '.join(self.checkpoint_config.architectures) or self.name}: "
+                                    f"converting the language model only; left out: {parts}")
         return names
 
     def _ignored_patterns(self) -> tuple[str, ...]:

@@ -78,9 +78,11 @@ class _GemmaBase(Architecture):
         self.n_embd = c.get_int("hidden_size", min=1)
         self.n_head = c.get_int("num_attention_heads", min=1)
         self.head_dim = c.get_int("head_dim", default=None, min=1) or self.n_embd // self.n_head
-        activation = c.get_str(*self.activation_keys, default=GELU_TANH)
-        reject(c, activation not in (GELU_TANH, "gelu"), f"the activation is {activation!r} (llama.cpp runs {GELU_TANH})")
-        reject(c, activation == "gelu" and self.name != "gemma", "the activation is exact 'gelu' (llama.cpp runs the tanh one)")
+        key = next((k for k in self.activation_keys if k in c), self.activation_keys[0])
+        activation = c.get_str(key, default=GELU_TANH)
+        # Gemma 1's legacy "gelu" means the tanh one (transformers replaces it); later Gemmas' is exact.
+        allowed = (GELU_TANH, "gelu") if self.name == "gemma" else (GELU_TANH,)
+        reject(c, activation not in allowed, f"{c.key_name(key)} is {activation!r} (llama.cpp runs {GELU_TANH})")
         reject(c, c.get_bool("attention_bias", default=False), "attention_bias is set")
         reject(c, bool(c.get("use_bidirectional_attention", default=None)), "use_bidirectional_attention is set")
 

@@ -64,9 +64,10 @@ class HFConfig:
                         section=self.key_name(name))
 
     def with_defaults(self, defaults: Mapping[str, Any]) -> HFConfig:
-        """This config with `defaults` for the keys it leaves out (or sets to null): the values a
-        transformers config class fills in, for families whose published config.json omit them."""
-        values = dict(defaults) | {k: v for k, v in self.values.items() if v is not None}
+        """This config with `defaults` for the keys it leaves out: the values a transformers config
+        class fills in, for families whose published config.json omit them. A key set to null
+        stays null (transformers keeps None: "no soft-capping", not the default)."""
+        values = dict(defaults) | self.values
         return HFConfig(values, self.path, self.generation, section=self.section)
 
     def key_name(self, name: str) -> str:

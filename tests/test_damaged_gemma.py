@@ -1,0 +1,75 @@
+"""Gemma configs llama.cpp cannot run as transformers does, and broken multimodal checkpoints: each
+is refused in one line naming the key or tensor (contract: tests/damaged_inputs.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.gemma_models import MULTIMODAL, build_model
+from tests.tokenizer_helpers import train_sentencepiece
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gemma_damaged")
+    dirs = {}
+    for kind in ("gemma", "gemma2", "gemma3", MULTIMODAL):
+        train_sentencepiece(root / kind)
+        dirs[kind] = build_model(kind, root / kind)
+    return dirs
+
+
+def _edit_config(model_dir: Path, section: str | None = None, **changes) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    (config[section] if section else config).update(changes)
+    (model_dir / "config.json").write_text(json.dumps(config))
+
+
+def _add_tensor(model_dir: Path, name: str) -> None:
+    from safetensors.numpy import load_file, save_file
+    import numpy as np
+
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors[name] = np.zeros((4, 4), np.float32)
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+
+
+# (kind, damage, culprit named in the error)
+CASES = {
+    "gemma-relu-activation": ("gemma", lambda d: _edit_config(d, hidden_act="relu"), "hidden_act"),
+    "gemma2-attention-scalar-not-head-dim": ("gemma2", lambda d: _edit_config(d, query_pre_attn_scalar=256), "query_pre_attn_scalar"),
+    "gemma2-no-attention-softcap": ("gemma2", lambda d: _edit_config(d, attn_logit_softcapping=None), "attn_logit_softcapping"),
+    "gemma2-no-final-softcap": ("gemma2", lambda d: _edit_config(d, final_logit_softcapping=None), "final_logit_softcapping"),
+    "gemma2-untied-output-head": ("gemma2", lambda d: _edit_config(d, tie_word_embeddings=False), "tie_word_embeddings"),
+    "gemma2-rope-scaling": ("gemma2", lambda d: _edit_config(d, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}), "rope"),
+    "gemma3-attention-softcap": ("gemma3", lambda d: _edit_config(d, attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    "gemma3-bidirectional": ("gemma3", lambda d: _edit_config(d, use_bidirectional_attention=True), "use_bidirectional_attention"),
+    "gemma3-yarn-global-rope": ("gemma3", lambda d: _edit_config(d, rope_parameters={
+        "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000.0, "original_max_position_embeddings": 64},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}), "yarn"),
+    "gemma3-scaled-local-rope": ("gemma3", lambda d: _edit_config(d, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1000.0},
+        "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 50.0}}), "sliding-attention"),
+    "gemma3-layer-types-short": ("gemma3", lambda d: _edit_config(d, layer_types=["full_attention"]), "layer_types"),
+    "gemma3-vision-text-config-not-object": (MULTIMODAL, lambda d: _edit_config(d, text_config=[1, 2]), "text_config"),
+    "gemma3-vision-text-heads-wrong": (MULTIMODAL, lambda d: _edit_config(d, "text_config", num_key_value_heads=4),
+                                       "language_model.model.layers.0.self_attn.k_proj.weight"),
+    "gemma3-vision-unknown-part": (MULTIMODAL, lambda d: _add_tensor(d, "audio_tower.layer.weight"), "audio_tower.layer.weight"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_refused_in_one_line(originals, tmp_path, case):
+    kind, damage, culprit = CASES[case]
+    model_dir = tmp_path / kind
+    shutil.copytree(originals[kind], model_dir)
+    damage(model_dir)
+    target = tmp_path / "out.gguf"
+    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
