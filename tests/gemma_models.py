@@ -36,6 +36,25 @@ VARIANTS: dict[str, tuple[str, str, dict]] = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}})),
 }
+# Gemma 4, 31B style: full layers with their own head size, one key/value head used as values too
+# (attention_k_eq_v) and proportional rope over a quarter of the head; layer scalars; no per-layer
+# embeddings.
+GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+VARIANTS["gemma4"] = ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+    COMMON, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+    num_hidden_layers=4, layer_types=GEMMA4_TYPES[1:], sliding_window=WINDOW, final_logit_softcapping=3.0,
+    hidden_size_per_layer_input=0,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000.0}}))
+# Gemma 4, E2B style: per-layer embeddings, the last two layers reusing earlier layers' keys and
+# values, with double-wide MLPs.
+VARIANTS["gemma4-e"] = ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+    COMMON, head_dim=16, global_head_dim=32, num_hidden_layers=5, layer_types=GEMMA4_TYPES, sliding_window=WINDOW,
+    hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=2, use_double_wide_mlp=True,
+    final_logit_softcapping=3.0,
+    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+                     "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1000.0}}))
+
 # For transformers' GGUF loader, which restores only a few keys (no soft-capping values, no
 # query_pre_attn_scalar, no layer pattern, no local rope base): the same models with transformers'
 # defaults for those, so that the config it rebuilds describes the model.
@@ -75,6 +94,9 @@ def build_model(kind: str, model_dir: Path, seed: int = 0) -> Path:
                 param.normal_(0.0, 0.15)
             else:
                 param.normal_(0.0, 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4: a saved buffer, 1 in a new model
+                buffer.uniform_(0.5, 1.5)
     model.save_pretrained(model_dir)
     return model_dir
 
