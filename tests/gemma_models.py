@@ -64,22 +64,38 @@ VARIANTS["gemma3-defaults"] = ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
     COMMON, head_dim=256, num_hidden_layers=2, query_pre_attn_scalar=256, sliding_window=WINDOW))
 DEFAULTS_VARIANTS = ("gemma2-defaults", "gemma3-defaults")
 
-# Gemma3ForConditionalGeneration: the same text model, with a tiny SigLIP vision tower beside it.
+# The same text models inside Gemma3/Gemma4ForConditionalGeneration, with a tiny vision tower beside.
 MULTIMODAL = "gemma3-vision"
+MULTIMODAL_GEMMA4 = "gemma4-vision"
+MULTIMODAL_TEXT = {MULTIMODAL: "gemma3", MULTIMODAL_GEMMA4: "gemma4"}
+MULTIMODAL_CLASS = {MULTIMODAL: "Gemma3ForConditionalGeneration", MULTIMODAL_GEMMA4: "Gemma4ForConditionalGeneration"}
+
+
+def _multimodal_config(kind: str):
+    import transformers
+
+    text_fields = VARIANTS[MULTIMODAL_TEXT[kind]][2]
+    if kind == MULTIMODAL:
+        vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                 num_attention_heads=2, image_size=32, patch_size=8)
+        return transformers.Gemma3Config(text_config=transformers.Gemma3TextConfig(**text_fields), vision_config=vision,
+                                         mm_tokens_per_image=4, image_token_index=VOCAB - 1,
+                                         boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
+    vision = transformers.Gemma4VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)
+    return transformers.Gemma4Config(text_config=transformers.Gemma4TextConfig(**text_fields), vision_config=vision,
+                                     audio_config=None, image_token_id=VOCAB - 1, boi_token_id=VOCAB - 2,
+                                     eoi_token_id=VOCAB - 3)
 
 
 def build_model(kind: str, model_dir: Path, seed: int = 0) -> Path:
-    """Save a random model of `kind` (a VARIANTS key or MULTIMODAL) in model_dir."""
+    """Save a random model of `kind` (a VARIANTS or MULTIMODAL_CLASS key) in model_dir."""
     import torch
     import transformers
 
-    if kind == MULTIMODAL:
-        text = transformers.Gemma3TextConfig(**VARIANTS["gemma3"][2])
-        vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                 num_attention_heads=2, image_size=32, patch_size=8)
-        config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                                           image_token_index=VOCAB - 1, boi_token_index=VOCAB - 2, eoi_token_index=VOCAB - 3)
-        model_class = transformers.Gemma3ForConditionalGeneration
+    if kind in MULTIMODAL_CLASS:
+        config = _multimodal_config(kind)
+        model_class = getattr(transformers, MULTIMODAL_CLASS[kind])
     else:
         config_class, model_name, fields = VARIANTS[kind]
         config = getattr(transformers, config_class)(**fields)
@@ -104,5 +120,5 @@ def build_model(kind: str, model_dir: Path, seed: int = 0) -> Path:
 def load_model(model_dir: Path, kind: str):
     import transformers
 
-    model_class = "Gemma3ForConditionalGeneration" if kind == MULTIMODAL else VARIANTS[kind][1]
+    model_class = MULTIMODAL_CLASS.get(kind) or VARIANTS[kind][1]
     return getattr(transformers, model_class).from_pretrained(model_dir, dtype="float32").eval()

@@ -1,7 +1,9 @@
-"""Gemma 1-3, converted by ggufsmith, run in llama.cpp (llama-cpp-python) and give transformers'
+"""Gemma 1-4, converted by ggufsmith, run in llama.cpp (llama-cpp-python) and give transformers'
 logits; the files equal llama.cpp's convert_hf_to_gguf.py's; transformers' GGUF loader reads them
 back. Models: tests/gemma_models.py (soft-capping that bites, sliding window shorter than the
-prompt, randomized norm offsets, GQA, local/global rope with linear scaling, a vision tower).
+prompt, randomized norm offsets, GQA, local/global rope with linear scaling; Gemma 4's per-layer
+head sizes, k=v attention, proportional rope, per-layer embeddings, KV sharing, double-wide MLP,
+layer scalars; Gemma 3 and 4 inside their ...ForConditionalGeneration with a vision tower).
 
 Tolerances are relative to the standard deviation of transformers' logits (about 1.2-1.5 here):
 - f32 1e-2: llama.cpp computes GELU through a float16 table (Gemma's MLP is GeGLU), which bounds
@@ -25,7 +27,8 @@ import numpy as np
 import pytest
 
 import ggufsmith
-from tests.gemma_models import DEFAULTS_VARIANTS, MULTIMODAL, VARIANTS, build_model, load_model
+from ggufsmith.arch.gemma4 import Gemma4
+from tests.gemma_models import DEFAULTS_VARIANTS, MULTIMODAL, MULTIMODAL_GEMMA4, VARIANTS, build_model, load_model
 from tests.tokenizer_helpers import train_sentencepiece
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -35,10 +38,21 @@ gguf = pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.slow
 
-KINDS = [*(k for k in VARIANTS if k not in DEFAULTS_VARIANTS), MULTIMODAL]
+KINDS = [*(k for k in VARIANTS if k not in DEFAULTS_VARIANTS), MULTIMODAL, MULTIMODAL_GEMMA4]
 TOLERANCE = {"f32": 1e-2, "f16": 2e-2, "q8_0": 0.35}  # max |llama.cpp - transformers| / std(logits)
 # bos, then 24 tokens: longer than the sliding window (5) several times over.
 PROMPT = [1] + [(17 * i) % 1100 + 20 for i in range(24)]
+
+
+class Gemma4WithSentencePiece(Gemma4):
+    """Gemma 4 with the tests' SentencePiece tokenizer (the model is what these tests check; Gemma 4's
+    own tokenizer kind is tested with the tokenizers)."""
+
+    tokenizer_kind = "llama"
+
+
+def is_gemma4(kind: str) -> bool:
+    return kind.startswith("gemma4")
 
 
 @pytest.fixture(scope="session")
@@ -48,6 +62,10 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     for kind in [*KINDS, *DEFAULTS_VARIANTS]:
         model_dir = root / kind
         train_sentencepiece(model_dir)
+        if is_gemma4(kind):  # llama.cpp's converter reads Gemma 4's vocabulary from tokenizer.json
+            from transformers import LlamaTokenizerFast
+
+            LlamaTokenizerFast.from_pretrained(model_dir).save_pretrained(model_dir)
         dirs[kind] = build_model(kind, model_dir)
     return dirs
 
@@ -69,7 +87,8 @@ def converted(model_dirs, tmp_path_factory):
     def get(kind: str, outtype: str) -> Path:
         if (kind, outtype) not in cache:
             cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
+            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype,
+                              arch=Gemma4WithSentencePiece if is_gemma4(kind) else None)
         return cache[kind, outtype]
 
     return get
@@ -142,6 +161,8 @@ def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, kind, outtype):
     model_dir = model_dirs[kind]
     theirs, theirs_t = _contents(reference_conversions(model_dir, model_dir.parent / f"{kind}-reference", ("f32", "f16"))[outtype])
     ours, ours_t = _contents(converted(kind, outtype))
+    if is_gemma4(kind):  # our test plugin writes the SentencePiece vocabulary, the reference Gemma 4's
+        ours, theirs = ({k: v for k, v in keys.items() if not k.startswith("tokenizer.")} for keys in (ours, theirs))
     allowed = set(TOKENIZER_KEY_DIFFERENCES) | GEMMA_KEY_DIFFERENCES
     differing = {k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
                  and not (isinstance(theirs.get(k), float) and ours.get(k) == pytest.approx(theirs[k], rel=1e-6))}
