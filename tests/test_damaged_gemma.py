@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.damaged_inputs import assert_clean_failure, run_cli
-from tests.gemma_models import MULTIMODAL, build_model
+from tests.gemma_models import MULTIMODAL, MULTIMODAL_GEMMA4, build_model
 from tests.tokenizer_helpers import train_sentencepiece
 
 pytest.importorskip("transformers")
@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 def originals(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gemma_damaged")
     dirs = {}
-    for kind in ("gemma", "gemma2", "gemma3", MULTIMODAL):
+    for kind in ("gemma", "gemma2", "gemma3", MULTIMODAL, "gemma4", "gemma4-e", MULTIMODAL_GEMMA4):
         train_sentencepiece(root / kind)
         dirs[kind] = build_model(kind, root / kind)
     return dirs
@@ -62,6 +62,22 @@ CASES = {
     "gemma3-vision-text-heads-wrong": (MULTIMODAL, lambda d: _edit_config(d, "text_config", num_key_value_heads=4),
                                        "language_model.model.layers.0.self_attn.k_proj.weight"),
     "gemma3-vision-unknown-part": (MULTIMODAL, lambda d: _add_tensor(d, "audio_tower.layer.weight"), "audio_tower.layer.weight"),
+    "gemma4-moe": ("gemma4", lambda d: _edit_config(d, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                    moe_intermediate_size=32), "enable_moe_block"),
+    "gemma4-bidirectional-all": ("gemma4", lambda d: _edit_config(d, use_bidirectional_attention="all"), "use_bidirectional_attention"),
+    "gemma4-full-layers-of-two-head-sizes": ("gemma4", lambda d: _edit_config(d, per_layer_config={
+        "1": {"head_dim": 32, "num_key_value_heads": 1}, "3": {"head_dim": 16, "num_key_value_heads": 1}}), "head sizes"),
+    "gemma4-scaled-proportional-rope": ("gemma4", lambda d: _edit_config(d, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000.0, "factor": 8.0}}),
+        "scaling factor"),
+    "gemma4-kv-sharing-layout": ("gemma4-e", lambda d: _edit_config(d, layer_types=[
+        "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        per_layer_config={"1": {"head_dim": 32}, "4": {"head_dim": 32}}), "num_kv_shared_layers"),
+    "gemma4-per-layer-vocabulary-smaller": ("gemma4-e", lambda d: _edit_config(d, vocab_size_per_layer_input=600),
+                                            "vocab_size_per_layer_input"),
+    "gemma4-vision-unknown-part": (MULTIMODAL_GEMMA4, lambda d: _add_tensor(d, "model.audio_projector.weight"),
+                                   "model.audio_projector.weight"),
 }
 
 
