@@ -70,6 +70,7 @@ class _GemmaBase(Architecture):
     # transformers' config class defaults, for the keys published config.json files leave out
     defaults: dict = {}
     swa_pattern = 0  # llama.cpp's default sliding-window period for the architecture (0: none)
+    layers_of_27b = 0  # the layer count by which llama.cpp recognises the 27B model (its attention scale)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -117,8 +118,6 @@ class _GemmaBase(Architecture):
         expected = self.n_embd // self.n_head if self.n_layer == self.layers_of_27b else self.head_dim
         reject(c, scalar != expected, f"query_pre_attn_scalar is {scalar:g}, not {expected} "
                f"({'hidden_size / num_attention_heads' if self.n_layer == self.layers_of_27b else 'head_dim'})")
-
-    layers_of_27b = 0
 
     def layer_types(self) -> list[str]:
         c = self.config
