@@ -36,21 +36,27 @@ class T:
            output head; when present its shape is still checked.
     when:  an expression over the same names (`"n_expert > 0"`, `"is_recurrent[bid]"`): where it is
            false the tensor is not part of the model, and finding it is an error.
+    blocks: for a {bid} pattern, the expression giving the number of blocks (an encoder-decoder's
+           decoder blocks are counted apart from its encoder's).
     """
 
     name: str
     shape: tuple[str | int, ...] = ()
     optional: bool = False
     when: str | None = None
+    blocks: str = "n_layer"
 
-    def __init__(self, name: str, *shape: str | int, optional: bool = False, when: str | None = None) -> None:
+    def __init__(self, name: str, *shape: str | int, optional: bool = False, when: str | None = None,
+                 blocks: str = "n_layer") -> None:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "shape", tuple(shape))
         object.__setattr__(self, "optional", optional)
         object.__setattr__(self, "when", when)
+        object.__setattr__(self, "blocks", blocks)
 
     def at(self, prefix: str) -> T:
-        return T(prefix + self.name, *self.shape, optional=self.optional, when=self.when)
+        """The same declaration under a prefixed name ("blk.{bid}." + "attn_q.weight")."""
+        return T(prefix + self.name, *self.shape, optional=self.optional, when=self.when, blocks=self.blocks)
 
 
 def gguf_name(entry: str | T) -> str:
@@ -82,6 +88,7 @@ def model_dims(metadata: Metadata, arch: str, extra: Mapping[str, Any] | None = 
             dims[name] = default
 
     key(Keys.LLM.BLOCK_COUNT, "n_layer")
+    key(Keys.LLM.CONTEXT_LENGTH, "n_ctx")
     key(Keys.LLM.EMBEDDING_LENGTH, "n_embd")
     key(Keys.LLM.FEED_FORWARD_LENGTH, "n_ff")
     key(Keys.Attention.HEAD_COUNT, "n_head")
@@ -208,23 +215,19 @@ def check_model(
     for name, shape, sources in tensors:
         _check_size(name, shape, sources)
     declared = declarations(table)
-    if not declared:
-        return  # a plugin that declares nothing (a third-party one written before declarations)
-    n_layer = dims["n_layer"].value if _scalar(dims.get("n_layer")) else None
-    present: dict[str, tuple[tuple[int, ...], Sequence[str]]] = {name: (shape, sources) for name, shape, sources in tensors}
-
+    present = {name: (shape, sources) for name, shape, sources in tensors}
     for name, (shape, sources) in present.items():
-        block = _block_of(name)
-        if n_layer is not None and block is not None and block >= n_layer:
-            raise ConversionError(
-                f"{_describe(name, sources)} belongs to block {block}, but {config_path} "
-                f"{dims['n_layer'].origin} = {n_layer}; the checkpoint and the config disagree"
-            )
         for d in declared:
             m = d.regex.fullmatch(name)
             if m is None:
                 continue
             bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
+            count = _block_count(d.spec, dims)
+            if bid is not None and count is not None and bid >= count:
+                raise ConversionError(
+                    f"{_describe(name, sources)} belongs to block {bid}, but {config_path} "
+                    f"{_origin(d.spec.blocks, dims)} = {count}; the checkpoint and the config disagree"
+                )
             if not _applies(d.spec, dims, bid):
                 raise ConversionError(
                     f"{_describe(name, sources)} is not part of this model ({d.spec.when} is false for it); "
@@ -237,17 +240,34 @@ def check_model(
     for d in declared:
         if d.spec.optional:
             continue
-        blocks: Iterable[int | None] = range(n_layer) if ("{bid}" in d.spec.name and n_layer is not None) else [None]
-        for bid in blocks:
-            name = d.spec.name.format(bid=bid) if bid is not None else d.spec.name
+        if "{bid}" in d.spec.name:
+            count = _block_count(d.spec, dims)
+            if count is None:
+                continue  # the metadata does not say how many blocks: nothing to count against
+            names = [(d.spec.name.format(bid=bid), bid) for bid in range(count)]
+        else:
+            names = [(d.spec.name, None)]
+        for name, bid in names:
             if name not in present and _applies(d.spec, dims, bid):
                 hf = d.hf_patterns[0].replace("{bid}", str(bid)).replace("{xid}", "*")
-                missing.append((name, hf))
+                missing.append((name, hf, d.spec.blocks if bid is not None else None))
     if missing:
-        shown = ", ".join(f"{name} (from {hf})" for name, hf in missing[:3])
+        shown = ", ".join(f"{name} (from {hf})" for name, hf, _ in missing[:3])
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        layers = f" ({config_path} {dims['n_layer'].origin} = {n_layer})" if n_layer is not None else ""
-        raise ConversionError(f"the checkpoint lacks {shown}{more}, which llama.cpp needs{layers}")
+        blocks = missing[0][2]
+        counted = f" ({config_path} {_origin(blocks, dims)} = {_block_count(T('', blocks=blocks), dims)})" if blocks else ""
+        raise ConversionError(f"the checkpoint lacks {shown}{more}, which llama.cpp needs{counted}")
+
+
+def _block_count(spec: T, dims: Mapping[str, Dim]) -> int | None:
+    try:
+        return int(evaluate(spec.blocks, dims))
+    except _Unknown:
+        return None
+
+
+def _origin(expression: str, dims: Mapping[str, Dim]) -> str:
+    return dims[expression].origin if expression in dims else expression
 
 
 def _applies(spec: T, dims: Mapping[str, Dim], bid: int | None) -> bool:
@@ -285,11 +305,6 @@ def _check_size(name: str, shape: tuple[int, ...], sources: Sequence[str]) -> No
         count *= d
     if count > MAX_ELEMENTS:
         raise ConversionError(f"{_describe(name, sources)} has {count} elements, more than GGUF can index")
-
-
-def _block_of(name: str) -> int | None:
-    m = re.match(r"blk\.(\d+)\.", name)
-    return int(m.group(1)) if m else None
 
 
 def _describe(name: str, sources: Sequence[str]) -> str:
