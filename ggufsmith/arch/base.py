@@ -122,6 +122,8 @@ class Architecture:
     # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
     # uses token_embd in its place. None: the plugin decides itself (llama keeps a stored lm_head).
     tied_output_head: ClassVar[str | None] = None
+    # The names dims() adds to tensors.model_dims' (for the check that shape expressions use known names).
+    dim_names: ClassVar[tuple[str, ...]] = ()
     # Multimodal checkpoints whose language model this plugin converts (see LanguageModelOf).
     language_model: ClassVar[LanguageModelOf | None] = None
 

@@ -51,6 +51,7 @@ class Gemma4(Architecture):
     tokenizer_kind = "gemma4"
     language_model = MULTIMODAL_GEMMA4
     tied_output_head = r"lm_head\.weight"
+    dim_names = ("head_dim_full", "has_kv", "has_v", "n_pl")  # see dims(); head_dim becomes per layer
     # Gemma4TextConfig's defaults for keys a config.json may leave out.
     defaults = {"head_dim": 256, "rms_norm_eps": 1e-6, "sliding_window": 512,
                 "max_position_embeddings": 131_072, "hidden_size_per_layer_input": 256,
