@@ -126,6 +126,9 @@ class Architecture:
     dim_names: ClassVar[tuple[str, ...]] = ()
     # Multimodal checkpoints whose language model this plugin converts (see LanguageModelOf).
     language_model: ClassVar[LanguageModelOf | None] = None
+    # Values the family's transformers config class fills in for keys config.json leaves out (the
+    # Hub's Gemma 3 text_config gives only what differs from them); self.config has them.
+    config_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: HFConfig) -> None:
         # config.json as a whole, and the config of the model converted (its text_config section
@@ -133,6 +136,8 @@ class Architecture:
         self.checkpoint_config = config
         self.multimodal = self.language_model is not None and self.language_model.config in config
         self.config = config.sub(self.language_model.config) if self.multimodal else config
+        if self.config_defaults:
+            self.config = self.config.with_defaults(self.config_defaults)
         self._skipped_notice = ""  # what map_tensors left out of a multimodal checkpoint, told by check()
 
     # -- question 2 -----------------------------------------------------------------------

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig, LanguageModelOf
+from ggufsmith.arch.base import ArchKeys, HFConfig, LanguageModelOf
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import LLAMA_NORMS, attention, embeddings, in_block, mlp, norms
-from ggufsmith.arch.rope import Rope
+from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, attention, embeddings, in_block, mlp, norms
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
-from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -60,25 +58,20 @@ def without_output(table: dict[str, T]) -> dict[str, T]:
     return {hf: spec for hf, spec in table.items() if spec.name != "output.weight"}
 
 
-class _GemmaBase(Architecture):
-    """What Gemma 1-3 share; subclasses give the name, table and the keys of their generation."""
+class _GemmaBase(Decoder):
+    """What Gemma 1-3 share; subclasses give the name, the table and their generation's keys."""
 
     tokenizer_kind = "llama"  # SentencePiece (tokenizer.model)
     tied_output_head = r"lm_head\.weight"
-    ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
     activation_keys: tuple[str, ...] = ("hidden_activation",)
-    # transformers' config class defaults, for the keys published config.json files leave out
-    defaults: dict = {}
     swa_pattern = 0  # llama.cpp's default sliding-window period for the architecture (0: none)
     layers_of_27b = 0  # the layer count by which llama.cpp recognises the 27B model (its attention scale)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        c = self.config = self.config.with_defaults(self.defaults)
+        c = self.config
         self.n_layer = c.get_int("num_hidden_layers", min=1)
         self.n_embd = c.get_int("hidden_size", min=1)
-        self.n_head = c.get_int("num_attention_heads", min=1)
-        self.head_dim = c.get_int("head_dim", default=None, min=1) or self.n_embd // self.n_head
         key = next((k for k in self.activation_keys if k in c), self.activation_keys[0])
         activation = c.get_str(key, default=GELU_TANH)
         # Gemma 1's legacy "gelu" means the tanh one (transformers replaces it); later Gemmas' is exact.
@@ -87,27 +80,12 @@ class _GemmaBase(Architecture):
         reject(c, c.get_bool("attention_bias", default=False), "attention_bias is set")
         reject(c, bool(c.get("use_bidirectional_attention", default=None)), "use_bidirectional_attention is set")
 
-    def metadata(self) -> Metadata:
-        c = self.config
-        metadata = Metadata()
-        keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1))
-        keys.u32(Keys.LLM.EMBEDDING_LENGTH, self.n_embd)
-        keys.u32(Keys.LLM.BLOCK_COUNT, self.n_layer)
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
-        keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
-        keys.u32(Keys.Attention.HEAD_COUNT_KV, c.get_int("num_key_value_heads", default=self.n_head, min=1))
-        keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
-        keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
-        keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
-        self.generation_keys(keys, metadata)
-        return metadata
-
-    def generation_keys(self, keys: ArchKeys, metadata: Metadata) -> None:
-        """The keys of one Gemma generation (soft-capping, sliding window, rope)."""
-
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         return offset_norm(tensor) if name.endswith("norm.weight") else tensor
+
+    def require_tied_output(self) -> None:
+        reject(self.config, not self.config.get_bool("tie_word_embeddings", default=True),
+               f"tie_word_embeddings is false (llama.cpp's {self.name} uses the token embeddings as output head)")
 
     # -- Gemma 2/3 pieces ----------------------------------------------------------------------
     def check_attention_scale(self) -> None:
@@ -115,33 +93,26 @@ class _GemmaBase(Architecture):
         models (which it knows by their layer count); HF by query_pre_attn_scalar**-0.5."""
         c = self.config
         scalar = c.get_float("query_pre_attn_scalar", min=0)
-        expected = self.n_embd // self.n_head if self.n_layer == self.layers_of_27b else self.head_dim
+        big = self.n_layer == self.layers_of_27b
+        expected = self.n_embd // self.n_head if big else self.head_dim
         reject(c, scalar != expected, f"query_pre_attn_scalar is {scalar:g}, not {expected} "
-               f"({'hidden_size / num_attention_heads' if self.n_layer == self.layers_of_27b else 'head_dim'})")
+               f"({'hidden_size / num_attention_heads' if big else 'head_dim'})")
 
-    def layer_types(self) -> list[str]:
-        c = self.config
-        types = c.get_list("layer_types", default=None)
-        if types is None:
-            period = c.get_int("sliding_window_pattern", default=self.swa_pattern, min=1)
-            types = [SLIDING if (i + 1) % period else FULL for i in range(self.n_layer)]
-        if len(types) != self.n_layer or not set(types) <= {SLIDING, FULL}:
-            raise c.error("layer_types", types, f"{self.n_layer} entries of {SLIDING!r} or {FULL!r}")
-        return types
+    def swa_layer_types(self) -> list[str]:
+        """layer_types, else the period of the legacy sliding_window_pattern (transformers' default)."""
+        period = self.config.get_int("sliding_window_pattern", default=self.swa_pattern, min=1)
+        return self.layer_types([SLIDING if (i + 1) % period else FULL for i in range(self.n_layer)])
 
-    def sliding_window_keys(self, keys: ArchKeys, metadata: Metadata, types: list[str]) -> None:
-        """The window, and the per-layer pattern when it is not llama.cpp's default for the arch."""
-        keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))
-        default = [i % self.swa_pattern < self.swa_pattern - 1 for i in range(self.n_layer)]
+    def pattern_unless_default(self, types: list[str]) -> list[bool] | None:
+        """The per-layer sliding flags when they differ from llama.cpp's default for the arch."""
         pattern = [t == SLIDING for t in types]
-        if pattern != default:
-            metadata.add(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern,
-                         GGUFValueType.ARRAY, GGUFValueType.BOOL)
+        default = [i % self.swa_pattern < self.swa_pattern - 1 for i in range(self.n_layer)]
+        return None if pattern == default else pattern
 
     def final_softcap(self, keys: ArchKeys, required: bool) -> None:
         c = self.config
         cap = c.get_float("final_logit_softcapping", default=None, min=0)
-        reject(c, required and not cap, "final_logit_softcapping is not set (llama.cpp's gemma2 always caps)")
+        reject(c, required and not cap, f"final_logit_softcapping is not set (llama.cpp's {self.name} always caps)")
         keys.f32(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, cap or None)
 
 
@@ -150,6 +121,7 @@ class Gemma(_GemmaBase):
     hf_classes = ("GemmaForCausalLM",)
     model_types = ("gemma",)
     activation_keys = ("hidden_activation", "hidden_act")  # legacy "gelu" means the tanh one, as in transformers
+    config_defaults = {"head_dim": 256}  # GemmaConfig's; the key/value length keys are then always written
     tensor_names = {
         **without_output(embeddings()),
         **in_block({**norms(**LLAMA_NORMS), **attention(biases="none"), **mlp(biases="none")}),
@@ -157,20 +129,16 @@ class Gemma(_GemmaBase):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        Rope(self.config).require_unscaled()
-        reject(self.config, not self.config.get_bool("tie_word_embeddings", default=True),
-               "tie_word_embeddings is false (llama.cpp's gemma uses the token embeddings as output head)")
-
-    def generation_keys(self, keys: ArchKeys, metadata: Metadata) -> None:
-        keys.f32(Keys.Rope.FREQ_BASE, Rope(self.config).theta)
+        self.rope.require_unscaled()
+        self.require_tied_output()
 
 
 class Gemma2(_GemmaBase):
     name = "gemma2"
     hf_classes = ("Gemma2ForCausalLM",)
     model_types = ("gemma2",)
-    defaults = {"query_pre_attn_scalar": 256, "sliding_window": 4096,
-                "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0}
+    config_defaults = {"head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                       "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0}
     swa_pattern = 2
     layers_of_27b = 46
     tensor_names = {
@@ -180,19 +148,17 @@ class Gemma2(_GemmaBase):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        Rope(self.config).require_unscaled()
-        reject(self.config, not self.config.get_bool("tie_word_embeddings", default=True),
-               "tie_word_embeddings is false (llama.cpp's gemma2 uses the token embeddings as output head)")
+        self.rope.require_unscaled()
+        self.require_tied_output()
         self.check_attention_scale()
 
-    def generation_keys(self, keys: ArchKeys, metadata: Metadata) -> None:
+    def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
-        keys.f32(Keys.Rope.FREQ_BASE, Rope(c).theta)
         attn_cap = c.get_float("attn_logit_softcapping", default=None, min=0)
         reject(c, not attn_cap, "attn_logit_softcapping is not set (llama.cpp's gemma2 always caps)")
         keys.f32(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, attn_cap)
         self.final_softcap(keys, required=True)
-        self.sliding_window_keys(keys, metadata, self.layer_types())
+        self.sliding_window_keys(keys, self.pattern_unless_default(self.swa_layer_types()))
 
 
 class Gemma3(_GemmaBase):
@@ -201,10 +167,10 @@ class Gemma3(_GemmaBase):
     model_types = ("gemma3", "gemma3_text")
     language_model = MULTIMODAL_GEMMA3
     # Gemma3TextConfig's defaults: the Hub's multimodal configs give only what differs from them.
-    defaults = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
-                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
-                "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256, "sliding_window": 4096}
-    default_theta = {FULL: 1_000_000.0, SLIDING: 10_000.0}
+    config_defaults = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                       "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                       "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "query_pre_attn_scalar": 256,
+                       "sliding_window": 4096, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0}
     swa_pattern = 6
     layers_of_27b = 62
     tensor_names = {
@@ -218,33 +184,21 @@ class Gemma3(_GemmaBase):
         reject(c, c.get_float("attn_logit_softcapping", default=None) is not None,
                "attn_logit_softcapping is set (llama.cpp's gemma3 does not cap attention scores)")
         self.check_attention_scale()
-        self.rope = {kind: self.layer_rope(kind) for kind in (FULL, SLIDING)}
-        reject(c, self.rope[FULL].type not in ("default", "linear"),
-               f"full-attention rope scaling {self.rope[FULL].type!r} is set (llama.cpp's gemma3 runs linear scaling only)")
-        reject(c, self.rope[SLIDING].type != "default",
-               f"sliding-attention rope scaling {self.rope[SLIDING].type!r} is set (llama.cpp's gemma3 runs none there)")
+        reject(c, self.rope.type not in ("default", "linear"),
+               f"full-attention rope scaling {self.rope.type!r} is set (llama.cpp's gemma3 runs linear scaling only)")
+        # transformers 5 nests the local layers' rope in rope_parameters.sliding_attention (read by
+        # Rope); older configs give rope_local_base_freq, and never scale the local rope.
+        sliding = c.sub("rope_parameters").get_dict(SLIDING) if SLIDING in c.get_dict("rope_parameters", default={}) else {}
+        reject(c, sliding.get("rope_type", "default") != "default",
+               f"sliding-attention rope scaling {sliding.get('rope_type')!r} is set (llama.cpp's gemma3 runs none there)")
+        if self.rope.swa_theta is None:
+            self.rope.swa_theta = c.get_float("rope_local_base_freq", min=0)
 
-    def layer_rope(self, kind: str) -> Rope:
-        """The rope of full or sliding layers: rope_parameters[kind] (transformers 5), else the
-        legacy rope_theta / rope_local_base_freq and, for full layers, rope_scaling."""
-        c = self.config
-        if kind in c.get_dict("rope_parameters", default={}):
-            values = c.sub("rope_parameters").get_dict(kind)
-        else:
-            legacy = {FULL: "rope_theta", SLIDING: "rope_local_base_freq"}[kind]
-            values = {"rope_theta": c.get_float(legacy, default=self.default_theta[kind])}
-            if kind == FULL:
-                values.update(c.get_dict("rope_scaling", default={}))
-        return Rope(c.sub(kind, {"rope_parameters": values}))
-
-    def generation_keys(self, keys: ArchKeys, metadata: Metadata) -> None:
-        keys.f32(Keys.Rope.FREQ_BASE, self.rope[FULL].theta)
-        self.rope[FULL].write_scaling_keys(keys)
+    def family_keys(self, keys: ArchKeys) -> None:
         if not self.multimodal:
             # Gemma3ForConditionalGeneration never applies text_config.final_logit_softcapping
             # (transformers 5.x); the causal LM does.
             self.final_softcap(keys, required=False)
-        types = self.layer_types()
+        types = self.swa_layer_types()
         if SLIDING in types:
-            keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope[SLIDING].theta)
-            self.sliding_window_keys(keys, metadata, types)
+            self.sliding_window_keys(keys, self.pattern_unless_default(types))

@@ -53,7 +53,7 @@ class Gemma4(Architecture):
     tied_output_head = r"lm_head\.weight"
     dim_names = ("head_dim_full", "has_kv", "has_v", "n_pl")  # see dims(); head_dim becomes per layer
     # Gemma4TextConfig's defaults for keys a config.json may leave out.
-    defaults = {"head_dim": 256, "rms_norm_eps": 1e-6, "sliding_window": 512,
+    config_defaults = {"head_dim": 256, "rms_norm_eps": 1e-6, "sliding_window": 512,
                 "max_position_embeddings": 131_072, "hidden_size_per_layer_input": 256,
                 "vocab_size_per_layer_input": 262_144, "num_kv_shared_layers": 0}
     tensor_names = {
@@ -82,7 +82,7 @@ class Gemma4(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        c = self.config = self.config.with_defaults(self.defaults)
+        c = self.config
         self.n_layer = c.get_int("num_hidden_layers", min=1)
         self.n_head = c.get_int("num_attention_heads", min=1)
         self.n_head_kv = c.get_int("num_key_value_heads", default=self.n_head, min=1)
