@@ -55,6 +55,10 @@ VARIANTS["gemma4-e"] = ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
     rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
                      "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1000.0}}))
 
+# Gemma 4, 26B-A4B style: a mixture of experts beside each layer's dense MLP.
+VARIANTS["gemma4-moe"] = ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+    VARIANTS["gemma4"][2], enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32))
+
 # For transformers' GGUF loader, which restores only a few keys (no soft-capping values, no
 # query_pre_attn_scalar, no layer pattern, no local rope base): the same models with transformers'
 # defaults for those, so that the config it rebuilds describes the model.
@@ -104,7 +108,9 @@ def build_model(kind: str, model_dir: Path, seed: int = 0) -> Path:
     model = model_class(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("scale"):  # Gemma 4's router: input and per-expert scales, 1 in a new model
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("norm.weight"):
                 param.normal_(0.0, 0.5)  # the offset from 1 that Gemma stores
             elif param.ndim >= 2:
                 param.normal_(0.0, 0.15)

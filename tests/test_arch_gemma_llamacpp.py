@@ -104,8 +104,13 @@ def llama_cpp_logits(path: Path, ids: list[int]) -> np.ndarray:
         llm.close()
 
 
-@pytest.mark.parametrize("outtype", list(TOLERANCE))
-@pytest.mark.parametrize("kind", KINDS)
+# The MoE model's router picks 2 of 4 experts per token: q8_0's small changes to the hidden states
+# flip near-tied choices, and a flipped choice changes a token's logits entirely (measured 1.4 std),
+# so its q8_0 logits say nothing; its q8_0 file is compared with llama.cpp's converter's instead.
+LOGIT_CASES = [(kind, outtype) for kind in KINDS for outtype in TOLERANCE if (kind, outtype) != ("gemma4-moe", "q8_0")]
+
+
+@pytest.mark.parametrize(("kind", "outtype"), LOGIT_CASES)
 def test_logits_match_transformers(converted, reference_logits, kind, outtype):
     expected = reference_logits[kind]
     error = np.abs(llama_cpp_logits(converted(kind, outtype), PROMPT) - expected).max() / expected.std()
@@ -129,47 +134,32 @@ def test_multimodal_checkpoint_converts_the_language_model_with_one_notice(model
 # Keys where ours differ from convert_hf_to_gguf.py's on purpose (beyond the SentencePiece exporter's
 # documented choices, tests/llamacpp_reference.TOKENIZER_KEY_DIFFERENCES).
 GEMMA_KEY_DIFFERENCES = {
-    # Its Gemma 1 class writes CodeGemma's fill-in-the-middle ids (67-70, 107) for every Gemma model;
-    # they are ids of other tokens in any other vocabulary.
-    "tokenizer.ggml.prefix_token_id", "tokenizer.ggml.suffix_token_id", "tokenizer.ggml.middle_token_id",
-    "tokenizer.ggml.fsep_token_id",
-    # Gemma 1/2: the reference writes no rope.freq_base, so llama.cpp uses 10000 whatever config.json
-    # says (this model's is 500; Google's Gemma 1/2 use 10000, where both files agree).
-    "gemma.rope.freq_base", "gemma2.rope.freq_base",
-    # Gemma 3: the layer pattern of this model is not llama.cpp's default of 6, and the reference does
-    # not write it, so its file runs the wrong layers with the sliding window.
-    "gemma3.attention.sliding_window_pattern",
-    # Gemma3ForConditionalGeneration does not soft-cap its logits in transformers; the reference writes
-    # text_config's cap, so llama.cpp caps where transformers does not.
-    "gemma3.final_logit_softcapping",
+    **{f"tokenizer.ggml.{role}_token_id": "the reference's Gemma 1 class writes CodeGemma's fill-in-the-middle "
+       "ids (67-70) for every Gemma model; they are other tokens in any other vocabulary"
+       for role in ("prefix", "suffix", "middle", "fsep")},
+    **{f"{arch}.rope.freq_base": "the reference writes none, so llama.cpp uses 10000 whatever config.json says "
+       "(this model's is 500; Google's Gemma 1/2 use 10000, where both files agree)" for arch in ("gemma", "gemma2")},
+    "gemma3.attention.sliding_window_pattern": "this model's layer pattern is not llama.cpp's default of 6 and the "
+                                               "reference does not write it: its file slides the window on other layers",
+    "gemma3.final_logit_softcapping": "Gemma3ForConditionalGeneration does not soft-cap its logits in transformers; "
+                                      "the reference writes text_config's cap, so llama.cpp caps where transformers does not",
 }
+COMPARED = ("f32", "f16", "q8_0")
 
 
-def _contents(path: Path) -> tuple[dict, dict]:
-    reader = gguf.GGUFReader(path)
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    tensors = {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), np.asarray(t.data).tobytes())
-               for t in reader.tensors}
-    return fields, tensors
-
-
-@pytest.mark.parametrize("outtype", ["f32", "f16"])
+@pytest.mark.parametrize("outtype", COMPARED)
 @pytest.mark.parametrize("kind", KINDS)
 def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, kind, outtype):
-    from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, reference_conversions
+    from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file, gguf_contents, reference_conversions
 
     model_dir = model_dirs[kind]
-    theirs, theirs_t = _contents(reference_conversions(model_dir, model_dir.parent / f"{kind}-reference", ("f32", "f16"))[outtype])
-    ours, ours_t = _contents(converted(kind, outtype))
+    theirs = reference_conversions(model_dir, model_dir.parent / f"{kind}-reference", COMPARED)[outtype]
+    ours = converted(kind, outtype)
+    differences = TOKENIZER_KEY_DIFFERENCES | GEMMA_KEY_DIFFERENCES
     if is_gemma4(kind):  # our test plugin writes the SentencePiece vocabulary, the reference Gemma 4's
-        ours, theirs = ({k: v for k, v in keys.items() if not k.startswith("tokenizer.")} for keys in (ours, theirs))
-    allowed = set(TOKENIZER_KEY_DIFFERENCES) | GEMMA_KEY_DIFFERENCES
-    differing = {k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
-                 and not (isinstance(theirs.get(k), float) and ours.get(k) == pytest.approx(theirs[k], rel=1e-6))}
-    assert differing <= allowed, sorted(differing - allowed)
-    assert list(ours_t) == list(theirs_t)  # same names, same order
-    for name, (shape, ttype, data) in theirs_t.items():
-        assert ours_t[name] == (shape, ttype, data), name
+        keys = set(gguf_contents(ours)[0]) | set(gguf_contents(theirs)[0])
+        differences |= {k: "tokenizer of another kind" for k in keys if k.startswith("tokenizer.")}
+    assert_same_file(ours, theirs, differences)
 
 
 # -- transformers' GGUF loader -------------------------------------------------------------------

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 def originals(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("gemma_damaged")
     dirs = {}
-    for kind in ("gemma", "gemma2", "gemma3", MULTIMODAL, "gemma4", "gemma4-e", MULTIMODAL_GEMMA4):
+    for kind in ("gemma", "gemma2", "gemma3", MULTIMODAL, "gemma4", "gemma4-e", "gemma4-moe", MULTIMODAL_GEMMA4):
         train_sentencepiece(root / kind)
         dirs[kind] = build_model(kind, root / kind)
     return dirs
@@ -62,8 +62,8 @@ CASES = {
     "gemma3-vision-text-heads-wrong": (MULTIMODAL, lambda d: _edit_config(d, "text_config", num_key_value_heads=4),
                                        "language_model.model.layers.0.self_attn.k_proj.weight"),
     "gemma3-vision-unknown-part": (MULTIMODAL, lambda d: _add_tensor(d, "audio_tower.layer.weight"), "audio_tower.layer.weight"),
-    "gemma4-moe": ("gemma4", lambda d: _edit_config(d, enable_moe_block=True, num_experts=4, top_k_experts=2,
-                                                    moe_intermediate_size=32), "enable_moe_block"),
+    "gemma4-moe-more-experts-used-than-exist": ("gemma4-moe", lambda d: _edit_config(d, top_k_experts=5), "top_k_experts"),
+    "gemma4-moe-without-expert-count": ("gemma4-moe", lambda d: _edit_config(d, num_experts=None), "num_experts"),
     "gemma4-bidirectional-all": ("gemma4", lambda d: _edit_config(d, use_bidirectional_attention="all"), "use_bidirectional_attention"),
     "gemma4-full-layers-of-two-head-sizes": ("gemma4", lambda d: _edit_config(d, per_layer_config={
         "1": {"head_dim": 32, "num_key_value_heads": 1}, "3": {"head_dim": 16, "num_key_value_heads": 1}}), "head sizes"),

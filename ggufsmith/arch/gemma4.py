@@ -13,7 +13,10 @@ Unlike Gemma 1-3, the norms are plain x * w (no offset from 1). What the file mu
   rope_freqs tensor dividing the frequencies of the unrotated pairs by 1e30 (they stay put).
 - per-layer embeddings (E2B/E4B: hidden_size_per_layer_input), KV sharing of the last
   num_kv_shared_layers layers, double-wide MLPs in those layers, layer_scalar, final soft-capping.
-Refused in one line: the MoE block (26B-A4B; not yet mapped), attention biases, bidirectional
+- the MoE block of 26B-A4B (enable_moe_block): router (RMS-normed input, scaled, softmax over
+  experts, top-k renormalized, times a per-expert scale: llama.cpp's gemma4 graph), fused gate/up
+  experts, and its own norms, beside the dense MLP.
+Refused in one line: attention biases, bidirectional
 text attention, a KV-sharing layout llama.cpp would read from other layers than transformers, and
 rope variants llama.cpp does not run.
 """
@@ -33,6 +36,7 @@ from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
 PLE = "n_pl > 0"  # per-layer embeddings present
+MOE = "n_expert > 0"
 # Frequency divisor of the pairs proportional rope leaves unrotated: their angle becomes ~0.
 UNROTATED = 1e30
 
@@ -73,6 +77,16 @@ class Gemma4(Architecture):
             "mlp.up_proj.weight": T("ffn_up.weight", "n_ff", "n_embd"),
             "mlp.down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff"),
             "layer_scalar": T("layer_output_scale.weight", 1, optional=True),
+            # The MoE block (26B-A4B) beside the dense MLP: router, experts (gate and up fused, gate
+            # first, as llama.cpp splits them), per-expert output scale, and its three norms.
+            "router.proj.weight": T("ffn_gate_inp.weight", "n_expert", "n_embd", when=MOE),
+            "router.scale": T("ffn_gate_inp.scale", "n_embd", when=MOE),
+            "router.per_expert_scale": T("ffn_down_exps.scale", "n_expert", when=MOE),
+            "experts.gate_up_proj": T("ffn_gate_up_exps.weight", "n_expert", "n_ff_exp * 2", "n_embd", when=MOE),
+            "experts.down_proj": T("ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp", when=MOE),
+            "pre_feedforward_layernorm_2.weight": T("pre_ffw_norm_2.weight", "n_embd", when=MOE),
+            "post_feedforward_layernorm_1.weight": T("post_ffw_norm_1.weight", "n_embd", when=MOE),
+            "post_feedforward_layernorm_2.weight": T("post_ffw_norm_2.weight", "n_embd", when=MOE),
             "per_layer_input_gate.weight": T("inp_gate.weight", "n_pl", "n_embd", when=PLE),
             "per_layer_projection.weight": T("proj.weight", "n_embd", "n_pl", when=PLE),
             "post_per_layer_input_norm.weight": T("post_norm.weight", "n_embd", when=PLE),
@@ -125,7 +139,6 @@ class Gemma4(Architecture):
 
     def _refuse_what_llamacpp_runs_differently(self) -> None:
         c = self.config
-        reject(c, c.get_bool("enable_moe_block", default=False), "enable_moe_block is set (Gemma 4 MoE is not converted yet)")
         reject(c, c.get_bool("attention_bias", default=False), "attention_bias is set")
         reject(c, c.get("use_bidirectional_attention", default=None) == "all", "use_bidirectional_attention is 'all'")
         activation = c.get_str("hidden_activation", default=GELU_TANH)
@@ -196,6 +209,11 @@ class Gemma4(Architecture):
         keys.u32(Keys.Rope.DIMENSION_COUNT, self.head_dim_full)  # the whole head, see rope_freqs
         keys.u32(Keys.Rope.DIMENSION_COUNT_SWA, self.head_dim)
         keys.f32(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, c.get_float("final_logit_softcapping", default=None, min=0) or None)
+        if c.get_bool("enable_moe_block", default=False):
+            n_expert = c.get_int("num_experts", min=1)
+            keys.u32(Keys.LLM.EXPERT_COUNT, n_expert)
+            keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("top_k_experts", min=1, max=n_expert))
+            keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("moe_intermediate_size", min=1))
         return metadata
 
     def dims(self) -> dict:
