@@ -26,7 +26,7 @@ from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError, GGUFError
-from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.metadata import Metadata, check_key
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ class ArchKeys:
             return
         key = arch_key(template, self.arch)
         origin = getattr(value, "origin", None)  # a ConfigInt names its config key
+        check_key(key)  # a bad key is the plugin's error, not the config value's
         try:
             self.metadata.add(key, value, vtype)
         except GGUFError as e:
