@@ -89,3 +89,15 @@ def test_refused_in_one_line(originals, tmp_path, case):
     damage(model_dir)
     target = tmp_path / "out.gguf"
     assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+
+
+def test_cli_names_the_left_out_encoders_once(originals, tmp_path):
+    """Not damage: the notice a multimodal checkpoint gets, as a user sees it."""
+    target = tmp_path / "out.gguf"
+    proc = run_cli("convert", originals[MULTIMODAL], target, "--outtype", "f32")
+    assert proc.returncode == 0, proc.stderr
+    notices = [line for line in proc.stderr.splitlines() if "left out" in line]
+    assert len(notices) == 1, proc.stderr
+    assert "the vision tower (32 tensors vision_tower.*)" in notices[0], notices[0]
+    assert "the multimodal projector (2 tensors multi_modal_projector.*)" in notices[0], notices[0]
+    assert target.is_file()
