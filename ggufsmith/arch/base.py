@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ggufsmith.constants import GGUFValueType, arch_key
@@ -95,7 +95,6 @@ class LanguageModelOf:
     prefixes: Mapping[str, str]
     skipped: Mapping[str, str]  # HF prefix -> what it holds, for the notice ("vision tower")
     config: str = "text_config"
-    hf_classes: tuple[str, ...] = field(default=())  # informative: the multimodal classes covered
 
 
 @dataclass(frozen=True)

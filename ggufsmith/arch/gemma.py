@@ -45,7 +45,6 @@ MULTIMODAL_GEMMA3 = LanguageModelOf(
     skipped={"model.vision_tower.": "the vision tower", "vision_tower.": "the vision tower",
              "model.multi_modal_projector.": "the multimodal projector",
              "multi_modal_projector.": "the multimodal projector"},
-    hf_classes=("Gemma3ForConditionalGeneration",),
 )
 
 

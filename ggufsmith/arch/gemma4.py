@@ -44,7 +44,6 @@ MULTIMODAL_GEMMA4 = LanguageModelOf(
     prefixes={"model.language_model.": "model."},
     skipped={"model.vision_tower.": "the vision tower", "model.embed_vision.": "the vision embedder",
              "model.audio_tower.": "the audio tower", "model.embed_audio.": "the audio embedder"},
-    hf_classes=("Gemma4ForConditionalGeneration",),
 )
 
 
@@ -55,7 +54,7 @@ class Gemma4(Architecture):
     tokenizer_kind = "gemma4"
     language_model = MULTIMODAL_GEMMA4
     tied_output_head = r"lm_head\.weight"
-    dim_names = ("head_dim_full", "has_kv", "has_v", "n_pl")  # see dims(); head_dim becomes per layer
+    dim_names = ("has_kv", "has_v", "n_pl")  # see dims(); head_dim becomes per layer
     # Gemma4TextConfig's defaults for keys a config.json may leave out.
     config_defaults = {"head_dim": 256, "rms_norm_eps": 1e-6, "sliding_window": 512,
                 "max_position_embeddings": 131_072, "hidden_size_per_layer_input": 256,
@@ -91,7 +90,6 @@ class Gemma4(Architecture):
             "per_layer_projection.weight": T("proj.weight", "n_embd", "n_pl", when=PLE),
             "post_per_layer_input_norm.weight": T("post_norm.weight", "n_embd", when=PLE),
         }),
-        ROPE_FREQS: T(ROPE_FREQS, "head_dim_full // 2"),
     }
 
     def __init__(self, config: HFConfig) -> None:
@@ -220,7 +218,6 @@ class Gemma4(Architecture):
         full = [t == FULL for t in self.layer_types]
         return {
             "head_dim": self.head_dims,
-            "head_dim_full": self.head_dim_full,
             "has_kv": [self._has_kv(i) for i in range(self.n_layer)],
             "has_v": [self._has_kv(i) and not (self.k_eq_v and f) for i, f in enumerate(full)],
             "n_pl": self.n_pl,
