@@ -45,8 +45,9 @@ PROMPT = [1] + [(17 * i) % 1100 + 20 for i in range(24)]
 
 
 class Gemma4WithSentencePiece(Gemma4):
-    """Gemma 4 with the tests' SentencePiece tokenizer (the model is what these tests check; Gemma 4's
-    own tokenizer kind is tested with the tokenizers)."""
+    """Gemma 4 with the tests' SentencePiece tokenizer: the model is what these tests check; Gemma 4's
+    own tokenizer kind ("gemma4") is tested in tests/test_tokenizer_gemma_phi3.py and
+    tests/test_tokenizer_vocab_files_keys.py."""
 
     tokenizer_kind = "llama"
 
