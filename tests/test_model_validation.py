@@ -41,7 +41,8 @@ def test_every_builtin_plugin_declares_each_tensor_with_its_shape(name):
 
 
 def _plugin_dim_names(plugin) -> set[str]:
-    return {"n_enc_layer", "n_dec_layer", "n_enc_ff", "n_dec_ff", "n_enc_ctx", "n_dec_ctx"} if plugin.name == "whisper" else set()
+    whisper = {"n_enc_layer", "n_dec_layer", "n_enc_ff", "n_dec_ff", "n_enc_ctx", "n_dec_ctx"} if plugin.name == "whisper" else set()
+    return whisper | set(plugin.dim_names)
 
 
 @pytest.fixture(scope="module")

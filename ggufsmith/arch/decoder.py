@@ -116,10 +116,11 @@ class Decoder(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        self.n_head = config.get_int("num_attention_heads", min=1)
-        self.n_head_kv = config.get_int("num_key_value_heads", default=self.n_head, min=1)
-        self.head_dim = config.get_int("head_dim", default=None, min=1) or config.get_int("hidden_size", min=1) // self.n_head
-        self.rope = Rope(config)
+        c = self.config  # the text model's config (text_config of a multimodal checkpoint), with defaults
+        self.n_head = c.get_int("num_attention_heads", min=1)
+        self.n_head_kv = c.get_int("num_key_value_heads", default=self.n_head, min=1)
+        self.head_dim = c.get_int("head_dim", default=None, min=1) or c.get_int("hidden_size", min=1) // self.n_head
+        self.rope = Rope(c)
 
     def metadata(self) -> Metadata:
         metadata = Metadata()
