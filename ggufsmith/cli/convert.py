@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
-    from ggufsmith.cli.quantize import add_quantize_options
+    from ggufsmith.cli.quantize import add_quantize_options, add_threads_option
+
+    add_threads_option(parser)
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     elif _preset_options_used(args):
         raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run,
-                   progress=not args.quiet, model_name=args.model_name, quantize_request=request)
+                   progress=not args.quiet, model_name=args.model_name, quantize_request=request,
+                   threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
         print_summary(plan, args.dst, dry_run=True)

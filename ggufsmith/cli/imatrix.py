@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process-output", action="store_true", help="collect output.weight too (llama-imatrix --process-output)")
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin for the tensor names (default: from config.json)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress")
+    from ggufsmith.cli.quantize import add_threads_option
+
+    add_threads_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     result = compute_imatrix(args.src, text, chunk_size=args.chunk_size, max_chunks=args.max_chunks,
-                             process_output=args.process_output, arch=args.arch, progress=progress)
+                             process_output=args.process_output, arch=args.arch, progress=progress,
+                             threads=args.threads or None)
     write_computed_imatrix(result, args.dst, args.text)
     for name in result.not_collected:
         print(f"ggufsmith: warning: no activations reached {name}; it has no entry", file=sys.stderr)

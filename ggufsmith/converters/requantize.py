@@ -13,6 +13,7 @@ from pathlib import Path
 from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.readers.gguf_source import open_gguf_model
 from ggufsmith.converters.pipeline import write_plan
+from ggufsmith.converters.workers import resolve_workers
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -28,10 +29,13 @@ def quantize_gguf(
     dry_run: bool = False,
     progress: bool = False,
     keep_split: bool = False,
+    threads: int | None = None,
 ) -> ConversionPlan:
     """Write what llama-quantize writes for `src` with `request` (a preset name or all options) to `dst`.
 
-    Returns the plan. `dst` appears only once complete; with `dry_run` nothing is written."""
+    Returns the plan. `threads`: workers (default: every core this process may use; the file is
+    the same for any number). `dst` appears only once complete; with `dry_run` nothing is written."""
+    resolve_workers(threads)  # reject a bad count before reading anything
     if isinstance(request, str):
         request = QuantizeRequest(request)
     src, dst = Path(src), Path(dst)
@@ -52,9 +56,9 @@ def quantize_gguf(
         if not dry_run:
             if keep_split:
                 for path, part in split_plans(plan, dst, model.n_splits):
-                    write_plan(part, path, progress=progress)
+                    write_plan(part, path, progress=progress, threads=threads)
             else:
-                write_plan(plan, dst, progress=progress)
+                write_plan(plan, dst, progress=progress, threads=threads)
     return plan
 
 
