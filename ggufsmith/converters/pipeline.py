@@ -110,17 +110,18 @@ def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callab
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
         return
-    if len(tensor.shape) < 2 or tensor.n_elements <= SLICE_ELEMENTS:
+    if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
+        if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
+            yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
+        else:
+            yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start, quantizer))
+    elif len(tensor.shape) < 2 or tensor.n_elements <= SLICE_ELEMENTS:
         yield (lambda: _encode(t, tensor.load, 0, quantizer)), t.nbytes
-    elif not isinstance(tensor, RowSlicedTensor):
+    else:
         # a transformed tensor (permuted, regrouped, transposed) is loaded whole, once, by the
         # first of its pieces to run; the workers then quantize its row ranges at once
         whole = _LoadedOnce(tensor, n_pieces=len(list(_row_ranges(tensor))))
         yield from _row_slices(t, lambda start, stop: _encode(t, lambda: whole.rows(start, stop), start, quantizer))
-    elif tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
-        yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
-    else:
-        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start, quantizer))
 
 
 def _row_ranges(tensor) -> Iterator[tuple[int, int]]:
