@@ -49,7 +49,10 @@ class QuantizerProcesses:
                 out = np.empty(payload, dtype=np.uint8)
                 _read_into(process.stdout, out)
         except (OSError, EOFError, pickle.UnpicklingError):
-            code = process.poll()
+            try:
+                code = process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = "unknown"
             raise ConversionError(f"a quantizer worker process stopped (exit status {code}); "
                                   "rerun with --threads 1 to quantize in this process") from None
         self._idle.put(process)
