@@ -22,6 +22,7 @@ import pytest
 import ggufsmith
 import ggufsmith.converters.pipeline as pipeline
 import ggufsmith.converters.workers as workers
+from ggufsmith.constants import GGMLType
 from ggufsmith.converters.quantize_plan import QuantizeRequest
 from ggufsmith.converters.requantize import quantize_gguf
 from ggufsmith.errors import ConversionError
@@ -184,3 +185,20 @@ def test_lookahead_grows_with_workers_within_the_budget():
     sizes = [workers.lookahead_bytes(n) for n in (1, 2, 4, 16, 64, 256)]
     assert sizes == sorted(sizes) and sizes[0] == workers.LOOKAHEAD_MIN_BYTES
     assert sizes[3] == 16 * workers.LOOKAHEAD_BYTES_PER_WORKER and sizes[-1] == workers.LOOKAHEAD_MAX_BYTES
+
+
+def test_a_quantizer_process_that_dies_is_a_clean_error():
+    """Killed (the OOM killer, a user), a quantizer process gives a one-line ConversionError, not a hang."""
+    from ggufsmith.converters.processes import QuantizerProcesses
+    from ggufsmith.quantize import quantize
+
+    rows = np.random.default_rng(0).standard_normal((8, 256), dtype=np.float32)
+    processes = QuantizerProcesses(1)
+    try:
+        assert np.array_equal(processes.quantize(rows, GGMLType.Q4_K, None), quantize(rows, GGMLType.Q4_K))
+        (worker,) = processes._started
+        worker.kill()
+        with pytest.raises(ConversionError, match="quantizer worker process stopped"):
+            processes.quantize(rows, GGMLType.Q4_K, None)
+    finally:
+        processes.close()
