@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -97,10 +98,12 @@ class QuantizerProcesses:
 
 
 def _child_environment() -> dict[str, str]:
-    """This environment, with this interpreter's module path so that the child imports the same
-    ggufsmith (a source checkout, a test run's pythonpath), and one BLAS thread per process."""
+    """This environment, with the folder this ggufsmith is imported from first on the module path
+    (so that a source checkout or a test run quantizes with the same code), and one BLAS thread
+    per process."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    package_root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, "1")
     return env
