@@ -45,7 +45,10 @@ def _same_bytes(a: Path, b: Path) -> bool:
     return a.read_bytes() == b.read_bytes()
 
 
-@pytest.mark.parametrize("preset", ["Q4_K_M", "Q6_K", "Q4_0", "Q8_0", "F16"])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("preset", ["Q4_K_M", "Q6_K", pytest.param("Q4_0", marks=SLOW), pytest.param("Q8_0", marks=SLOW), "F16"])
 @pytest.mark.parametrize("model", ["llama", "mixtral"])
 def test_quantize_every_worker_count_is_llama_quantize(models, tmp_path, many_pieces, model, preset):  # noqa: F811
     _, f32 = models[model]
@@ -69,7 +72,8 @@ def test_quantize_with_imatrix_across_expert_boundaries(models, imatrices, tmp_p
         assert_same_file(ours, theirs)
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "bf16", "q8_0", "q4_k_m", "q6_k"])
+@pytest.mark.parametrize("outtype", [pytest.param("f32", marks=SLOW), "f16", pytest.param("bf16", marks=SLOW),
+                                     pytest.param("q8_0", marks=SLOW), "q4_k_m", pytest.param("q6_k", marks=SLOW)])
 def test_convert_every_worker_count_writes_the_same_file(models, tmp_path, many_pieces, outtype):  # noqa: F811
     """From the checkpoint: the rotary-permuted attn_q/attn_k are loaded whole and their row
     ranges quantized at once; presets are also llama-quantize's file."""
