@@ -1,13 +1,15 @@
-"""llama.cpp's own converter (convert_hf_to_gguf.py) as a reference to compare ggufsmith with.
+"""llama.cpp's own converter (convert_hf_to_gguf.py) as a reference to compare ggufsmith with, and
+llama.cpp's vocabulary test files (models/ggml-vocab-*.gguf with their .inp/.out test vectors).
 
-The script, its `conversion` package and its `gguf-py` come from the llama-cpp-python sdist of the
-version the tests pin (the llama.cpp whose loader the tests also run), fetched once with pip and
-cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
+The script, its `conversion` package, its `gguf-py` and the vocabulary files come from the
+llama-cpp-python sdist of the version the tests pin (the llama.cpp whose loader the tests also
+run), fetched once with pip and cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
 (environment variable CI set) that is a failure, so a broken fetch cannot silently disable them.
 
     from tests.llamacpp_reference import run_reference_converter, reference_conversions
     run_reference_converter(model_dir, out_path, "f16")
     reference_conversions(model_dir, out_dir, ("f32", "f16"))  # {"f32": path, "f16": path}, cached
+    vocab_models_dir() / "ggml-vocab-llama-spm.gguf"
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import pytest
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
-# What the converter needs from the sdist: the script, its model classes and its gguf package.
-_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+# What the tests need from the sdist: the converter script, its model classes and its gguf package,
+# and the vocabulary test files (75 MB).
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+# Present once the whole extraction is done (the folder is renamed into place only when complete).
+_COMPLETE_MARKERS = ("convert_hf_to_gguf.py", "models/ggml-vocab-llama-spm.gguf.out")
 
 # The outtypes ggufsmith's llama files are compared with the reference's at.
 COMPARED_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -53,10 +58,16 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
+def _complete(folder: Path) -> bool:
+    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
+
+
 def reference_dir() -> Path:
-    """The folder holding convert_hf_to_gguf.py, conversion/ and gguf-py/ (fetched on first use)."""
-    target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
-    if (target / "convert_hf_to_gguf.py").is_file():
+    """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
+    (fetched on first use)."""
+    # The name says what it holds: caches of an older layout (without models/) are not reused.
+    target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
+    if _complete(target):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -77,14 +88,20 @@ def reference_dir() -> Path:
                 if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
                     member.name = relative
                     tar.extract(member, staging, filter="data")
-        if not (staging / "convert_hf_to_gguf.py").is_file():
-            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}convert_hf_to_gguf.py")
+        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        if missing:
+            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not (target / "convert_hf_to_gguf.py").is_file():
+            if not _complete(target):
                 raise
     return target
+
+
+def vocab_models_dir() -> Path:
+    """llama.cpp's models/ folder with the ggml-vocab-*.gguf files and their .inp/.out test vectors."""
+    return reference_dir() / "models"
 
 
 def reference_env() -> dict[str, str]:
@@ -141,3 +158,49 @@ def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, .
              model_dir, timeout=1800)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]
+
+
+def gguf_contents(path: Path) -> tuple[dict, dict]:
+    """(keys -> values, tensor name -> (shape, type, bytes)) of a GGUF file, read by gguf-py."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), np.asarray(t.data).tobytes())
+               for t in reader.tensors}
+    return fields, tensors
+
+
+def assert_same_file(ours: Path, theirs: Path, key_differences: dict[str, str]) -> None:
+    """Same keys and values (floats to 1e-6), same tensors in the same order with the same shapes,
+    types and bytes — apart from the keys in `key_differences` (key -> the reason it differs).
+    Q8_0 data may differ by one quant on an exact .5 tie: gguf-py rounds halves to even where ggml
+    (and ggufsmith) round them away from zero."""
+    import gguf
+    import numpy as np
+
+    ours_k, ours_t = gguf_contents(ours)
+    theirs_k, theirs_t = gguf_contents(theirs)
+    only_one = sorted(set(ours_k) ^ set(theirs_k))
+    assert only_one == sorted(k for k in key_differences if (k in ours_k) != (k in theirs_k)), \
+        f"keys in one file only: ours {sorted(set(ours_k) - set(theirs_k))}, theirs {sorted(set(theirs_k) - set(ours_k))}"
+    for key in theirs_k:
+        if key in ours_k and key not in key_differences:
+            a, b = ours_k[key], theirs_k[key]
+            if isinstance(b, float):
+                assert a == pytest.approx(b, rel=1e-6), key
+            else:
+                assert a == b, key
+    assert list(ours_t) == list(theirs_t)  # same names, same order
+    for name, (shape, ttype, data) in theirs_t.items():
+        o_shape, o_type, o_data = ours_t[name]
+        assert (o_shape, o_type, len(o_data)) == (shape, ttype, len(data)), name
+        if ttype == int(gguf.GGMLQuantizationType.Q8_0):
+            a = np.frombuffer(o_data, np.uint8).reshape(-1, 34)
+            b = np.frombuffer(data, np.uint8).reshape(-1, 34)
+            assert (a[:, :2] == b[:, :2]).all(), name  # same scales
+            diff = np.abs(a[:, 2:].view(np.int8).astype(int) - b[:, 2:].view(np.int8).astype(int))
+            assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, name
+        else:
+            assert o_data == data, name

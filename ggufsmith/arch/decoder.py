@@ -9,7 +9,12 @@ The HF names are those of transformers' LlamaForCausalLM and the many models wri
 
 from __future__ import annotations
 
+from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
+from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.readers.lazy_tensor import LazyTensor
 
 LAYER = "model.layers.{bid}."
 BLOCK = "blk.{bid}."
@@ -76,14 +81,15 @@ def norms(**names: str) -> dict[str, T]:
 LLAMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
 
 
-def llama_decoder(*, attention_biases: str = "optional", mlp_biases: str = "optional", qk_norm: bool = False) -> dict[str, T]:
+def llama_decoder(*, attention_biases: str = "optional", o_bias: str | None = None, mlp_biases: str = "optional",
+                  qk_norm: bool = False) -> dict[str, T]:
     """The whole table of a Llama-layout decoder: embeddings, and per block two norms, attention
     and the gated MLP."""
     return {
         **embeddings(),
         **in_block({
             **norms(**LLAMA_NORMS),
-            **attention(biases=attention_biases, qk_norm=qk_norm),
+            **attention(biases=attention_biases, o_bias=o_bias, qk_norm=qk_norm),
             **mlp(biases=mlp_biases),
         }),
     }
@@ -95,3 +101,70 @@ def _biases(table: dict[str, T], mode: str) -> dict[str, T]:
     if mode not in ("optional", "required"):
         raise ValueError(f"biases must be 'optional', 'required' or 'none', not {mode!r}")
     return {hf: T(spec.name, *spec.shape, optional=mode == "optional", when=spec.when) for hf, spec in table.items()}
+
+
+class Decoder(Architecture):
+    """Base of the llama-style decoder plugins: reads heads, head size and rope from config.json,
+    writes the keys every such decoder has (`decoder_keys`) and computes rope_freqs for llama3
+    scaling. A plugin adds its own keys in `family_keys` and its layout changes in `transform`."""
+
+    tensor_names = llama_decoder()
+    layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
+    context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    # Old checkpoints store the rotary frequencies; they follow from the config.
+    ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        self.n_head = config.get_int("num_attention_heads", min=1)
+        self.n_head_kv = config.get_int("num_key_value_heads", default=self.n_head, min=1)
+        self.head_dim = config.get_int("head_dim", default=None, min=1) or config.get_int("hidden_size", min=1) // self.n_head
+        self.rope = Rope(config)
+
+    def metadata(self) -> Metadata:
+        metadata = Metadata()
+        keys = ArchKeys(metadata, self.name)
+        self.decoder_keys(keys)
+        self.family_keys(keys)
+        return metadata
+
+    def decoder_keys(self, keys: ArchKeys) -> None:
+        """The keys llama.cpp reads for every decoder (llama_model_base::load_hparams), from the
+        config names transformers uses."""
+        c = self.config
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int(*self.context_keys, default=None, min=1))
+        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
+        keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
+        keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
+        keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
+        if self.layer_norm:
+            keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", min=0))
+        else:
+            keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
+        if "head_dim" in c:
+            keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
+            keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
+        self.rope.write_scaling_keys(keys)
+
+    def family_keys(self, keys: ArchKeys) -> None:
+        """The keys that are this family's own. Default: none."""
+
+    def sliding_window_keys(self, keys: ArchKeys, pattern: list[bool] | None) -> None:
+        """attention.sliding_window and, per layer, whether it is a sliding-window layer."""
+        keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))
+        if pattern is not None:
+            keys.metadata.add_array(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern, GGUFValueType.BOOL)
+
+    def layer_types(self, default: list[str]) -> list[str]:
+        """config.json layer_types ("sliding_attention" / "full_attention" per layer), checked."""
+        types = self.config.get_list("layer_types", default=default)
+        n_layer = self.config.get_int("num_hidden_layers", min=1)
+        if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
+            raise self.config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+        return types
+
+    def extra_tensors(self) -> dict[str, LazyTensor]:
+        return self.rope.rope_freqs(self.head_dim)

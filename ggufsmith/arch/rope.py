@@ -21,6 +21,7 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 log = logging.getLogger(__name__)
 
 ROPE_FREQS = "rope_freqs.weight"
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # What llama.cpp uses for yarn whatever the file says (it reads no beta keys for most architectures).
 _LLAMACPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
 
@@ -32,6 +33,15 @@ class Rope:
         self.config = config
         section = next((n for n in ("rope_parameters", "rope_scaling") if n in config), None)
         values = dict(config.get_dict(section)) if section else {}
+        # Models with sliding-window layers (transformers >= 5) keep one set per layer type:
+        # {"full_attention": {...}, "sliding_attention": {...}}. The full-attention one is the
+        # model's rope; the sliding one may have its own base frequency (rope.freq_base_swa).
+        self.swa_theta = None
+        if section and values and set(values) <= set(LAYER_TYPES) and all(isinstance(v, dict) for v in values.values()):
+            sliding = config.sub(section).sub("sliding_attention", values.get("sliding_attention", {}))
+            self.swa_theta = sliding.get_float("rope_theta", default=None, min=0)
+            section = f"{section}.full_attention"
+            values = dict(values.get("full_attention", {}))
         if "rope_theta" not in values:
             theta = config.get_float("rope_theta", *legacy_theta_names, default=None)
             if theta is not None:

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
     parser.add_argument("--model-name", metavar="NAME", help="general.name to write (default: from the model card/config/folder)")
+    parser.add_argument("--strict-tokenizer", action="store_true",
+                        help="refuse a tokenizer that llama.cpp would apply differently from the Hugging Face one on "
+                             "some text (a SentencePiece nmt_nfkc normalization, added tokens that strip spaces, ...); "
+                             "by default such a tokenizer converts with one warning")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run,
                    progress=not args.quiet, model_name=args.model_name, quantize_request=request,
-                   threads=args.threads or None)
+                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
         print_summary(plan, args.dst, dry_run=True)

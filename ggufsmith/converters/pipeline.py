@@ -52,11 +52,11 @@ def resolve_architecture(checkpoint: Checkpoint, arch: str | type[Architecture] 
     return plugin_class(checkpoint.config)
 
 
-def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None) -> Metadata:
-    """All tokenizer.* keys, from the tokenizer exporter."""
+def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None, strict: bool = False) -> Metadata:
+    """All tokenizer.* keys, from the tokenizer exporter (`strict`: see export_tokenizer)."""
     from ggufsmith.tokenizer import export_tokenizer
 
-    return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind)
+    return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind, strict=strict)
 
 
 def make_plan(
@@ -67,14 +67,17 @@ def make_plan(
     model_name: str | None = None,
     with_tokenizer: bool = True,
     quantize_request: QuantizeRequest | None = None,
+    strict_tokenizer: bool = False,
 ) -> ConversionPlan:
     """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet.
 
     A preset outtype (q4_k_m, q4_0, ...) plans the F32 conversion, then what llama-quantize makes
-    of that file; `quantize_request` carries llama-quantize's options (default: the preset's)."""
+    of that file; `quantize_request` carries llama-quantize's options (default: the preset's).
+    `strict_tokenizer` refuses a tokenizer llama.cpp would apply differently on some text."""
     if is_preset_outtype(outtype) or quantize_request is not None:
         request = quantize_request or QuantizeRequest(outtype)
-        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer,
+                        strict_tokenizer=strict_tokenizer)
         return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
@@ -89,7 +92,8 @@ def make_plan(
     metadata.add_uint32(Keys.General.FILE_TYPE, int(file_type))
     metadata.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANTIZATION_VERSION)
     if with_tokenizer:
-        metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind))
+        metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind,
+                                           strict=strict_tokenizer))
     plugin.check(mapped, metadata)
     return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
 
@@ -276,6 +280,7 @@ def convert(
     with_tokenizer: bool = True,
     imatrix: str | Path | None = None,
     quantize_request: QuantizeRequest | None = None,
+    strict_tokenizer: bool = False,
     threads: int | None = None,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
@@ -285,7 +290,8 @@ def convert(
     `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
     (default: chosen from config.json). `threads`: workers (default: every core this process may
     use; the file is the same for any number). With `dry_run` nothing is written. `dst` appears
-    only once complete.
+    only once complete. Where llama.cpp will tokenize some text differently from the Hugging Face
+    tokenizer, one warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md).
     """
     resolve_workers(threads)  # reject a bad count before reading anything
     dst = Path(dst)
@@ -303,7 +309,7 @@ def convert(
         outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
-                         quantize_request=quantize_request)
+                         quantize_request=quantize_request, strict_tokenizer=strict_tokenizer)
         if not dry_run:
             write_plan(plan, dst, progress=progress, threads=threads)
     return plan
