@@ -88,7 +88,8 @@ class Architecture:
     name: ClassVar[str]  # general.architecture, e.g. "llama"
     hf_classes: ClassVar[tuple[str, ...]] = ()  # config.json "architectures" values claimed
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
-    tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
+    # tokenizer exporter: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4", "rwkv"; None: detect
+    tokenizer_kind: ClassVar[str | None] = None
     # HF pattern -> GGUF tensor: a T declaring its GGUF name pattern and the shape llama.cpp loads it
     # with (checked before anything is written; see arch/tensors.py), or just the GGUF name.
     tensor_names: ClassVar[dict[str, str | T]] = {}
