@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ggufsmith.constants import GGUFValueType, arch_key
-from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
+from ggufsmith.arch.tensors import Split, T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError, GGUFError
@@ -115,8 +115,9 @@ class Architecture:
     # tokenizer exporter: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4", "rwkv"; None: detect
     tokenizer_kind: ClassVar[str | None] = None
     # HF pattern -> GGUF tensor: a T declaring its GGUF name pattern and the shape llama.cpp loads it
-    # with (checked before anything is written; see arch/tensors.py), or just the GGUF name.
-    tensor_names: ClassVar[dict[str, str | T]] = {}
+    # with (checked before anything is written; see arch/tensors.py), a Split of one HF tensor into
+    # several GGUF ones (a fused gate_up), or just the GGUF name.
+    tensor_names: ClassVar[dict[str, str | T | Split]] = {}
     ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
     # Regex of the HF output-head tensor that is dropped when config.json ties it to the token
@@ -195,15 +196,19 @@ class Architecture:
             if target is None:
                 unmapped.append(hf_name)
                 continue
-            gguf_name, expert = target
-            if gguf_name not in singles and gguf_name not in expert_groups:
-                order.append(gguf_name)
-            if expert is None:
-                if gguf_name in singles:
-                    raise ConversionError(f"{hf_name} and {singles[gguf_name][0]} both map to {gguf_name}")
-                singles[gguf_name] = (hf_name, tensor)
-            else:
-                expert_groups.setdefault(gguf_name, {})[expert] = (hf_name, tensor)
+            entry, bid, expert = target
+            names = [gguf_name(part).format(bid=bid) for part in entry.parts] if isinstance(entry, Split) \
+                else [gguf_name(entry).format(bid=bid)]
+            pieces = tensor.split(len(names), entry.axis) if isinstance(entry, Split) else [tensor]
+            for name, piece in zip(names, pieces):
+                if name not in singles and name not in expert_groups:
+                    order.append(name)
+                if expert is None:
+                    if name in singles:
+                        raise ConversionError(f"{hf_name} and {singles[name][0]} both map to {name}")
+                    singles[name] = (hf_name, piece)
+                else:
+                    expert_groups.setdefault(name, {})[expert] = (hf_name, piece)
         if unmapped:
             shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else "")
             raise ConversionError(
@@ -211,18 +216,18 @@ class Architecture:
                 "the checkpoint may be of a variant this plugin does not support"
             )
         mapped = [MappedTensor(name, (), tensor) for name, tensor in self.extra_tensors().items()]
-        for gguf_name in order:
-            if gguf_name in singles:
-                hf_name, tensor = singles[gguf_name]
+        for name in order:
+            if name in singles:
+                hf_name, tensor = singles[name]
                 sources = (hf_name,)
             else:
-                group = expert_groups[gguf_name]
+                group = expert_groups[name]
                 missing = sorted(set(range(len(group))) - set(group))
                 if missing:
-                    raise ConversionError(f"{gguf_name}: experts {missing} are missing from the checkpoint")
+                    raise ConversionError(f"{name}: experts {missing} are missing from the checkpoint")
                 sources = tuple(group[i][0] for i in range(len(group)))
-                tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{gguf_name} <- {sources[0]}...")
-            mapped.append(MappedTensor(gguf_name, sources, self.transform(gguf_name, tensor)))
+                tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{name} <- {sources[0]}...")
+            mapped.append(MappedTensor(name, sources, self.transform(name, tensor)))
         return mapped
 
     def _language_model_names(self, source: Mapping[str, LazyTensor]) -> dict[str, str | None]:
@@ -262,21 +267,20 @@ class Architecture:
         )
 
 
-def _compile_patterns(table: Mapping[str, str | T]) -> list[tuple[re.Pattern, str]]:
+def _compile_patterns(table: Mapping[str, str | T | Split]) -> list[tuple[re.Pattern, str | T | Split]]:
     compiled = []
     for hf_pattern, entry in table.items():
-        gguf_pattern = gguf_name(entry)
         regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
-        compiled.append((re.compile(regex), gguf_pattern))
+        compiled.append((re.compile(regex), entry))
     return compiled
 
 
-def _match(patterns: Iterable[tuple[re.Pattern, str]], hf_name: str) -> tuple[str, int | None] | None:
-    for regex, gguf_pattern in patterns:
+def _match(patterns: Iterable[tuple[re.Pattern, str | T | Split]], hf_name: str) -> tuple[str | T | Split, str, int | None] | None:
+    """(table entry, block number or "", expert number or None) of the first pattern matching."""
+    for regex, entry in patterns:
         m = regex.fullmatch(hf_name)
         if m:
             groups = m.groupdict()
-            name = gguf_pattern.format(bid=groups.get("bid", ""))
             expert = int(groups["xid"]) if groups.get("xid") is not None else None
-            return name, expert
+            return entry, groups.get("bid") or "", expert
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.rope import Rope
-from ggufsmith.arch.tensors import T
+from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -25,7 +25,7 @@ V_ROWS = "n_head_kv * head_dim_v"
 O_COLUMNS = "n_head * head_dim_v"
 
 
-def in_block(table: dict[str, T], hf_prefix: str = LAYER, gguf_prefix: str = BLOCK) -> dict[str, T]:
+def in_block(table: dict[str, T | Split], hf_prefix: str = LAYER, gguf_prefix: str = BLOCK) -> dict[str, T | Split]:
     """{"self_attn.q_proj.weight": T("attn_q.weight", ...)} with both sides prefixed by the block."""
     return {hf_prefix + hf: spec.at(gguf_prefix) for hf, spec in table.items()}
 
@@ -71,6 +71,35 @@ def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix:
                           f"{prefix}up_proj.bias": T("ffn_up.bias", "n_ff", when=when),
                           f"{prefix}down_proj.bias": T("ffn_down.bias", "n_embd", when=when)}, biases))
     return table
+
+
+def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = None,
+            per_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, T | Split]:
+    """The router and routed experts of one block, in both checkpoint layouts: one tensor per
+    expert (`mlp.experts.{xid}.gate_proj.weight`, stacked by the mapper) and the fused stacks of
+    transformers 5 (`mlp.experts.gate_up_proj` (E, 2F, D), split in two, and `mlp.experts.down_proj`).
+    per_expert: the HF names of each expert's gate, up and down projections."""
+    gate = T("ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=when)
+    up = T("ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=when)
+    down = T("ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp", when=when)
+    gate_name, up_name, down_name = per_expert
+    return {
+        f"{prefix}{router}.weight": T("ffn_gate_inp.weight", "n_expert", "n_embd", when=when),
+        f"{prefix}experts.{{xid}}.{gate_name}.weight": gate,
+        f"{prefix}experts.{{xid}}.{up_name}.weight": up,
+        f"{prefix}experts.{{xid}}.{down_name}.weight": down,
+        f"{prefix}experts.gate_up_proj": Split(gate, up),
+        f"{prefix}experts.down_proj": down,
+    }
+
+
+def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None) -> dict[str, T]:
+    """A shared expert: an MLP every token goes through beside the routed ones."""
+    return {
+        f"{prefix}gate_proj.weight": T("ffn_gate_shexp.weight", "n_ff_shexp", "n_embd", when=when),
+        f"{prefix}up_proj.weight": T("ffn_up_shexp.weight", "n_ff_shexp", "n_embd", when=when),
+        f"{prefix}down_proj.weight": T("ffn_down_shexp.weight", "n_embd", "n_ff_shexp", when=when),
+    }
 
 
 def norms(**names: str) -> dict[str, T]:
