@@ -209,6 +209,16 @@ class FileType(IntEnum):
     GUESSED = 1024
 
 
+class ExpertGatingFunc(IntEnum):
+    """Values of {arch}.expert_gating_func: how a MoE router's logits become expert scores
+    (llama.cpp's llama_expert_gating_func_type)."""
+
+    SOFTMAX = 1
+    SIGMOID = 2
+    SOFTMAX_WEIGHT = 3
+    SQRT_SOFTPLUS = 4
+
+
 class TokenType(IntEnum):
     """Values of tokenizer.ggml.token_type."""
 

@@ -165,6 +165,12 @@ class Architecture:
         """Layout change of one output tensor, by GGUF name. Default: none."""
         return tensor
 
+    def split_tensor(self, entry: Split, tensor: LazyTensor) -> list[LazyTensor]:
+        """The parts of one HF tensor that holds several GGUF tensors, in the order of entry.parts.
+        Default: equal parts along entry.axis. A plugin whose parts are not equal slices (DeepSeek's
+        kv_b_proj: per head, key rows then value rows) overrides it."""
+        return tensor.split(len(entry.parts), entry.axis)
+
     def extra_tensors(self) -> dict[str, LazyTensor]:
         """Tensors the GGUF needs that the checkpoint does not hold, by GGUF name (e.g. llama3's
         rope_freqs, computed from config.json). They come first in the file. Default: none."""
@@ -199,7 +205,7 @@ class Architecture:
             entry, bid, expert = target
             names = [gguf_name(part).format(bid=bid) for part in entry.parts] if isinstance(entry, Split) \
                 else [gguf_name(entry).format(bid=bid)]
-            pieces = tensor.split(len(names), entry.axis) if isinstance(entry, Split) else [tensor]
+            pieces = self.split_tensor(entry, tensor) if isinstance(entry, Split) else [tensor]
             for name, piece in zip(names, pieces):
                 if name not in singles and name not in expert_groups:
                     order.append(name)

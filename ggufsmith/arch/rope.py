@@ -67,9 +67,10 @@ class Rope:
             raise ConversionError(f"{self.params.label}: rope scaling {self.type!r} is set, "
                                   "which llama.cpp cannot run for this architecture")
 
-    def write_scaling_keys(self, keys: ArchKeys) -> None:
+    def write_scaling_keys(self, keys: ArchKeys, handled: tuple[str, ...] = ()) -> None:
         """The rope.scaling.* keys llama.cpp reads (linear, yarn; llama3 is a tensor, see
-        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta."""
+        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta.
+        handled: yarn parameters the plugin writes itself (DeepSeek's mscale), not warned about."""
         p = self.params
         if self.type == "linear":
             keys.string(Keys.Rope.SCALING_TYPE, "linear")
@@ -90,7 +91,8 @@ class Rope:
             keys.f32(Keys.Rope.SCALING_YARN_BETA_SLOW, p.get_float("beta_slow", default=None))
             unsupported = {name: p.get(name) for name, value in _LLAMACPP_YARN_BETAS.items()
                            if p.get(name, default=None) not in (None, value)}
-            unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim") if p.get(name, default=None)})
+            unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim")
+                                if name not in handled and p.get(name, default=None)})
             if unsupported:
                 log.warning("%s: llama.cpp ignores yarn %s; its rope will differ from transformers'",
                             p.label, unsupported)
