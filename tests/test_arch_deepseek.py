@@ -1,5 +1,6 @@
-"""DeepSeek V2 / V3 (llama.cpp's deepseek2) converted by ggufsmith: llama.cpp gives transformers'
-logits in both expert layouts, and llama.cpp's own converter writes the same file.
+"""DeepSeek V2 / V3 (llama.cpp's deepseek2) and GLM-4.5 (glm4moe, DeepSeek V3's feed-forward)
+converted by ggufsmith: llama.cpp gives transformers' logits in both expert layouts, and llama.cpp's
+own converter writes the same file.
 
 Three tiny models, each with one dense leading block, then sparse blocks of 8 experts (top 2) and
 shared experts:
@@ -7,7 +8,9 @@ shared experts:
     (e_score_correction_bias), 2 groups of which 1 is searched, renormalized top-k, routed scaling;
   - v2: a plain q_proj (q_lora_rank null, as V2-Lite), softmax scores, yarn rope with mscale;
   - kimi: a V3 config as Kimi K2 ships (one group), with transformers' rope_interleave false
-    (rotate-half rope: the rotated rows are reordered) and yarn with mscale 1.
+    (rotate-half rope: the rotated rows are reordered) and yarn with mscale 1;
+  - glm: GLM-4.5's attention (q/k/v biases, q/k norms, rope on half of each head), sigmoid routing
+    with selection bias in 2 groups, and its next-token-prediction layer, which the file keeps.
 Value heads (v_head_dim) are wider than the key's unrotated part (qk_nope_head_dim), so a split of
 kv_b_proj at the wrong row, or without the transposition of attn_k_b, fails on shapes or logits.
 Tolerances and the 90th percentile for f16/q8_0: see tests/test_arch_moe.py.
@@ -24,7 +27,7 @@ import ggufsmith
 from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import assert_same_file
-from tests.tokenizer_helpers import train_bpe
+from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -49,10 +52,20 @@ MODELS = {
                 scoring_func="softmax", topk_method="greedy", rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707))),
     "kimi": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
              dict(V3, n_group=1, topk_group=1, rope_interleave=False, rope_parameters=dict(YARN, mscale=1.0, mscale_all_dim=1.0))),
+    "glm": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+            dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                 n_group=2, topk_group=1, n_shared_experts=1, first_k_dense_replace=1, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, partial_rotary_factor=0.5, attention_bias=True,
+                 use_qk_norm=True, routed_scaling_factor=2.0, norm_topk_prob=True, num_nextn_predict_layers=1,
+                 max_position_embeddings=512, tie_word_embeddings=False, vocab_size=VOCAB + 8,
+                 bos_token_id=None, eos_token_id=None, pad_token_id=None)),
 }
+GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
+PRE = {"glm": "glm4"}  # the pre-tokenizer of the tokenizer trained for a model (default qwen2)
 # (model, layout) pairs built, and the outtypes each is compared at.
 CASES = {("v3", "per-expert"): tuple(TOLERANCE), ("v3", "fused"): tuple(TOLERANCE),
-         ("v2", "per-expert"): tuple(TOLERANCE), ("v2", "fused"): ("f32",), ("kimi", "per-expert"): ("f32", "f16")}
+         ("v2", "per-expert"): tuple(TOLERANCE), ("v2", "fused"): ("f32",), ("kimi", "per-expert"): ("f32", "f16"),
+         ("glm", "per-expert"): tuple(TOLERANCE), ("glm", "fused"): ("f32",)}
 KEY_DIFFERENCES = {
     key: "written explicitly; llama.cpp finds the same id by its text at load time"
     for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
@@ -60,6 +73,30 @@ KEY_DIFFERENCES = {
 # q_lora_rank null: llama.cpp reads the key unless the model has V2-Lite's 26/27 layers.
 V2_KEY_DIFFERENCES = {**KEY_DIFFERENCES, "deepseek2.attention.q_lora_rank": "0 for a plain q_proj; the reference "
                       "leaves it out and llama.cpp refuses its file"}
+# The reference's GLM-4 set_vocab names <|endoftext|> as unk and [gMASK] as bos (see
+# tests/test_tokenizer_vs_convert_hf_families.py); the tokenizer itself names neither.
+GLM_KEY_DIFFERENCES = {**KEY_DIFFERENCES, "tokenizer.ggml.unknown_token_id": "not named by the tokenizer",
+                       "tokenizer.ggml.bos_token_id": "not named by the tokenizer",
+                       "tokenizer.ggml.eom_token_id": "not named by the tokenizer"}
+DIFFERENCES = {"v3": KEY_DIFFERENCES, "v2": V2_KEY_DIFFERENCES, "glm": GLM_KEY_DIFFERENCES}
+
+
+def add_nextn_layer(model_dir, n_layer: int, hidden: int, vocab: int) -> None:
+    """Append a next-token-prediction layer as DeepSeek V3 and GLM-4.5 checkpoints hold it (and
+    transformers does not load): block n_layer, a copy of the last block, with eh_proj, enorm,
+    hnorm and shared_head."""
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(1)
+    weights = load_file(model_dir / "model.safetensors")
+    last = f"model.layers.{n_layer - 1}."
+    weights.update({f"model.layers.{n_layer}." + name[len(last):]: value.copy()
+                    for name, value in weights.items() if name.startswith(last)})
+    extra = {"eh_proj.weight": (hidden, 2 * hidden), "enorm.weight": (hidden,), "hnorm.weight": (hidden,),
+             "shared_head.head.weight": (vocab, hidden), "shared_head.norm.weight": (hidden,)}
+    for name, shape in extra.items():
+        weights[f"model.layers.{n_layer}.{name}"] = rng.normal(0, 0.15, shape).astype(np.float32)
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +106,13 @@ def models(tmp_path_factory):
     for kind, layout in CASES:
         config_class, model_class, fields = MODELS[kind]
         model_dir = root / f"{kind}-{layout}"
-        train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
+        if kind == "glm":
+            train_bpe_for_table_entry(model_dir, "glm4", vocab_size=VOCAB, specials=GLM_SPECIALS)
+        else:
+            train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
         build_model(config_class, model_class, model_dir, fused_experts=layout == "fused", **fields)
+        if kind == "glm" and layout == "per-expert":
+            add_nextn_layer(model_dir, fields["num_hidden_layers"], fields["hidden_size"], fields["vocab_size"])
         ids = prompt_ids(model_dir)
         out[kind, layout] = model_dir, ids, hf_logits(model_dir, model_class, ids)
     return out
@@ -103,18 +145,19 @@ def test_logits_match_transformers(models, converted, kind, layout, outtype):
     assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: error {error:.2e} of the logits' std"
 
 
-@pytest.mark.parametrize("kind", ["v3", "v2"])
+@pytest.mark.parametrize("kind", ["v3", "v2"])  # glm's per-expert folder has a next-token-prediction layer
 def test_both_layouts_give_the_same_file(models, converted, kind):
     from tests.llamacpp_reference import gguf_contents
 
     assert gguf_contents(converted(kind, "per-expert", "f32"))[1] == gguf_contents(converted(kind, "fused", "f32"))[1]
 
 
-@pytest.mark.parametrize("kind, outtype", [("v3", "f32"), ("v3", "f16"), ("v2", "f32")])
+@pytest.mark.parametrize("kind, outtype", [("v3", "f32"), ("v3", "f16"), ("v2", "f32"), ("glm", "f32"), ("glm", "f16")])
 def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     model_dir = models[kind, "per-expert"][0]
-    theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2")
-    assert_same_file(converted(kind, "per-expert", outtype), theirs, V2_KEY_DIFFERENCES if kind == "v2" else KEY_DIFFERENCES)
+    theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype,
+                               pre=PRE.get(kind, "qwen2"))
+    assert_same_file(converted(kind, "per-expert", outtype), theirs, DIFFERENCES[kind])
 
 
 def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, caplog):
@@ -122,15 +165,9 @@ def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, capl
     which transformers does not load): the layer is left out with one notice, the rest converts."""
     import shutil
 
-    from safetensors.numpy import load_file, save_file
-
     model_dir = tmp_path / "mtp"
     shutil.copytree(models["v3", "per-expert"][0], model_dir)
-    weights = load_file(model_dir / "model.safetensors")
-    weights.update({name.replace("model.layers.2.", "model.layers.3."): value
-                    for name, value in weights.items() if name.startswith("model.layers.2.")})
-    weights["model.layers.3.eh_proj.weight"] = np.zeros((64, 128), np.float32)
-    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    add_nextn_layer(model_dir, V3["num_hidden_layers"], V3["hidden_size"], V3["vocab_size"])
     config = json.loads((model_dir / "config.json").read_text())
     (model_dir / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 1}))
     with caplog.at_level("WARNING"):

@@ -52,13 +52,13 @@ ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)  # tiny, decides which experts run
 GATING = {"softmax": ExpertGatingFunc.SOFTMAX, "sigmoid": ExpertGatingFunc.SIGMOID}
 
 
-def sparse_blocks(*, shared_prefix: str) -> dict[str, T | Split]:
+def sparse_blocks(*, shared_prefix: str = "mlp.shared_experts.", bias_optional: bool = True) -> dict[str, T | Split]:
     """The feed-forward of DeepSeek-style blocks (relative names): a dense MLP in the leading
     blocks, then router, selection bias, routed experts (both checkpoint layouts) and shared ones."""
     return {
         **mlp(biases="none", when=DENSE),
         **experts(when=SPARSE),
-        "mlp.gate.e_score_correction_bias": T("exp_probs_b.bias", "n_expert", optional=True, when=SPARSE),
+        "mlp.gate.e_score_correction_bias": T("exp_probs_b.bias", "n_expert", optional=bias_optional, when=SPARSE),
         **shared_expert(shared_prefix, when=SPARSE),
     }
 
@@ -80,14 +80,26 @@ def routing_keys(keys: ArchKeys, c: HFConfig, *, scoring: str, grouped: bool) ->
     keys.f32(Keys.LLM.EXPERT_WEIGHTS_SCALE, c.get_float("routed_scaling_factor", default=None, min=0))
     if c.get_bool("norm_topk_prob"):
         keys.bool(Keys.LLM.EXPERT_WEIGHTS_NORM, True)
-    n_group = c.get_int("n_group", default=1, min=1)
+    n_group = c.get_int("n_group", default=None, min=1)
+    if not grouped or n_group is None:
+        return
     topk_group = c.get_int("topk_group", default=n_group, min=1, max=n_group)
-    # One group, or all of them searched, is no grouping (llama.cpp asserts topk_group < n_group).
-    if grouped and 1 < n_group and topk_group < n_group:
-        if n_expert % n_group:
-            raise c.error("n_group", n_group, f"a divisor of n_routed_experts ({n_expert})")
+    if n_group > 1 and n_expert % n_group:
+        raise c.error("n_group", n_group, f"a divisor of n_routed_experts ({n_expert})")
+    # Searching all groups is no grouping, which llama.cpp asserts against (topk_group < n_group).
+    if n_group == 1 or topk_group < n_group:
         keys.u32(Keys.LLM.EXPERT_GROUP_COUNT, n_group)
         keys.u32(Keys.LLM.EXPERT_GROUP_USED_COUNT, topk_group)
+
+
+def sparse_dims(c: HFConfig) -> dict[str, Dim]:
+    """The dimensions sparse_blocks' shapes use beyond the metadata's: the number of leading dense
+    blocks and the width of the shared experts (llama.cpp: n_ff_exp x n_expert_shared)."""
+    return {
+        "n_lead": Dim(c.get_int("first_k_dense_replace"), f"{c.label} first_k_dense_replace"),
+        "n_ff_shexp": Dim(c.get_int("moe_intermediate_size") * c.get_int("n_shared_experts"),
+                          f"{c.label} moe_intermediate_size x n_shared_experts"),
+    }
 
 
 # transformers' defaults for the keys a config.json may leave out, per class (V2 and V3 differ).
@@ -117,7 +129,7 @@ class Deepseek2(Decoder):
             "self_attn.kv_b_proj.weight": Split(T("attn_k_b.weight", "n_head", "kv_lora_rank", "head_dim_k_mla - n_rot"),
                                                 T("attn_v_b.weight", "n_head", "head_dim_v_mla", "kv_lora_rank")),
             "self_attn.o_proj.weight": T("attn_output.weight", "n_embd", "n_head * head_dim_v_mla"),
-            **sparse_blocks(shared_prefix="mlp.shared_experts."),
+            **sparse_blocks(),
         }),
     }
     f32_tensors = ROUTER
@@ -185,16 +197,13 @@ class Deepseek2(Decoder):
                         p.label, mscale or None, all_dims or None)
 
     def dims(self) -> dict:
-        c = self.config
         origin = self.config.label
         return {
             "q_lora_rank": Dim(self.q_lora_rank, f"{origin} q_lora_rank"),
             "kv_lora_rank": Dim(self.kv_lora_rank, f"{origin} kv_lora_rank"),
             "head_dim_k_mla": Dim(self.nope + self.rot, f"{origin} qk_nope_head_dim + qk_rope_head_dim"),
             "head_dim_v_mla": Dim(self.v_dim, f"{origin} v_head_dim"),
-            "n_lead": Dim(c.get_int("first_k_dense_replace"), f"{origin} first_k_dense_replace"),
-            "n_ff_shexp": Dim(c.get_int("moe_intermediate_size") * c.get_int("n_shared_experts"),
-                              f"{origin} moe_intermediate_size x n_shared_experts"),
+            **sparse_dims(self.config),
         }
 
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
