@@ -44,7 +44,7 @@ NAMING_PARTS = ("BaseName", "SizeLabel", "FineTune", "Version", "Encoding", "Typ
 ARRAY_PREVIEW = 5  # values shown of a long array
 ARRAY_PREVIEW_DEPTH = 2  # levels of nested arrays shown (each level multiplies the values shown by 5)
 TEXT_PREVIEW = 70  # characters shown of a long string
-JSON_CHUNK = 4096  # array elements written at a time by --json
+JSON_CHUNK = 1024  # array elements written at a time by --json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
