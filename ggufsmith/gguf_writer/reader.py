@@ -232,13 +232,18 @@ class GGUFReader:
         if not 1 <= n_dims <= GGUF_MAX_DIMS:
             raise cur.fail(f"tensor {name} has {n_dims} dimensions; GGUF allows 1 to {GGUF_MAX_DIMS}", dims_at)
         ne = [cur.size(f"dimension {j} of tensor {name}") for j in range(n_dims)]
-        n_elements = 1
+        n_elements = nonzero_product = 1
         for d in ne:
             if d > INT64_MAX:  # ggml reads dimensions as int64
                 raise cur.fail(f"tensor {name} has a negative dimension in {ne}", dims_at)
             n_elements *= d
+            nonzero_product *= max(d, 1)
         if n_elements > INT64_MAX:
             raise cur.fail(f"tensor {name}: {ne} has more elements than fit in int64", dims_at)
+        if nonzero_product * 8 > INT64_MAX:
+            # An empty tensor whose other dimensions multiply past what numpy can shape (ggml
+            # accepts [0, 2**62, 4]; no real file has one, and no array could view it).
+            raise cur.fail(f"tensor {name}: {ne} is empty, but its other dimensions multiply past int64", dims_at)
         type_at = cur.pos
         raw_type = cur.u32(f"the type of tensor {name}")
         try:
