@@ -480,7 +480,8 @@ def fuzz(target_name: str, cases: int, rng: random.Random, timeout: float, memor
                 tally.worst_ratio, tally.worst_ratio_size = peak / len(data), len(data)
             what = detail[0] if outcome == "foreign" else outcome
             if outcome not in ("ok", "ours") and what not in tally.distinct_foreign:
-                report = detail[1] if outcome == "foreign" else f"{outcome} after {timeout} s"
+                report = {"foreign": detail[1] if detail else "", "hang": f"no answer within {timeout} s",
+                          "crash": "the worker process died"}[outcome]
                 saved = save_finding(findings, target_name, what, data, report)
                 tally.distinct_foreign[what] = str(saved)
                 print(f"{target_name}: case {i}: {what} -> {saved}\n{report}", file=sys.stderr)
