@@ -25,6 +25,15 @@ def build_model(config_class: str, model_class: str, model_dir: Path, seed: int 
     config = getattr(transformers, config_class)(**fields)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
+    randomize(model)
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+def randomize(model, norm_spread: float = 0.2) -> None:
+    """Matrices N(0, 0.15), biases N(0, 0.1), norm weights and other vectors N(1, norm_spread)."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim >= 2:
@@ -32,9 +41,7 @@ def build_model(config_class: str, model_class: str, model_dir: Path, seed: int 
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
             else:
-                param.normal_(1.0, 0.2)
-    model.save_pretrained(model_dir)
-    return model_dir
+                param.normal_(1.0, norm_spread)
 
 
 def hf_logits(model_dir: Path, model_class: str, token_ids: list[int]) -> np.ndarray:

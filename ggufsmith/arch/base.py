@@ -25,7 +25,7 @@ from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError, GGUFError
-from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.metadata import Metadata, check_key
 
 class ArchKeys:
     """Writes `{arch}.*` keys with the types llama.cpp expects; skips values that are None."""
@@ -39,6 +39,7 @@ class ArchKeys:
             return
         key = arch_key(template, self.arch)
         origin = getattr(value, "origin", None)  # a ConfigInt names its config key
+        check_key(key)  # a bad key is the plugin's error, not the config value's
         try:
             self.metadata.add(key, value, vtype)
         except GGUFError as e:
@@ -87,7 +88,8 @@ class Architecture:
     name: ClassVar[str]  # general.architecture, e.g. "llama"
     hf_classes: ClassVar[tuple[str, ...]] = ()  # config.json "architectures" values claimed
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
-    tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
+    # tokenizer exporter: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4", "rwkv"; None: detect
+    tokenizer_kind: ClassVar[str | None] = None
     # HF pattern -> GGUF tensor: a T declaring its GGUF name pattern and the shape llama.cpp loads it
     # with (checked before anything is written; see arch/tensors.py), or just the GGUF name.
     tensor_names: ClassVar[dict[str, str | T]] = {}

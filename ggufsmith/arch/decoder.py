@@ -110,6 +110,7 @@ class Decoder(Architecture):
 
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
+    context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
     # Old checkpoints store the rotary frequencies; they follow from the config.
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
@@ -132,7 +133,7 @@ class Decoder(Architecture):
         config names transformers uses."""
         c = self.config
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", default=None, min=1))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int(*self.context_keys, default=None, min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)

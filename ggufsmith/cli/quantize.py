@@ -42,6 +42,18 @@ def add_quantize_options(parser: argparse.ArgumentParser) -> None:
                         help="set a metadata key in the output (TYPE int, float, bool or str; int is written as uint32)")
 
 
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="if the output is an existing device or FIFO, write into it (it is never replaced; "
+                             "an error then leaves what was written so far in it). An input or a directory is "
+                             "refused even so")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """A progress bar only on a terminal: in a log file or a pipe it would be lines of noise."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool = False):
     from ggufsmith.converters.quantize_plan import QuantizeRequest, parse_kv_override
     from ggufsmith.quantize.imatrix import read_imatrix
@@ -81,15 +93,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
+    add_force_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ggufsmith.converters.requantize import quantize_gguf
 
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
-    plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=not args.quiet,
-                         keep_split=args.keep_split)
+    plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
+                         keep_split=args.keep_split, force=args.force)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:

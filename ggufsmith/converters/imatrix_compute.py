@@ -22,7 +22,7 @@ input dimension whatever the checkpoint layout (rotary permutations reorder rows
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -288,7 +288,8 @@ def compute_imatrix(
     return ImatrixResult(accumulator, len(chunks), chunk_size, len(ids), sorted(expected - set(accumulator.sums)))
 
 
-def write_computed_imatrix(result: ImatrixResult, path: str | os.PathLike, dataset: str) -> Path:
+def write_computed_imatrix(result: ImatrixResult, path: str | os.PathLike, dataset: str, *,
+                           inputs: Iterable[str | os.PathLike] = (), force: bool = False) -> Path:
     from ggufsmith.quantize.imatrix import write_imatrix
 
-    return write_imatrix(path, result.entries(), [dataset], result.chunk_count, result.chunk_size)
+    return write_imatrix(path, result.entries(), [dataset], result.chunk_count, result.chunk_size, inputs=inputs, force=force)

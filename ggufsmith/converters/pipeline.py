@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain, groupby
 from pathlib import Path
@@ -29,6 +29,7 @@ from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, sp
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.output import check_target, folder_files
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from ggufsmith.quantize import quantize
 
@@ -52,11 +53,11 @@ def resolve_architecture(checkpoint: Checkpoint, arch: str | type[Architecture] 
     return plugin_class(checkpoint.config)
 
 
-def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None) -> Metadata:
-    """All tokenizer.* keys, from the tokenizer exporter."""
+def tokenizer_metadata(model_dir: Path, vocab_size: int | None, kind: str | None, strict: bool = False) -> Metadata:
+    """All tokenizer.* keys, from the tokenizer exporter (`strict`: see export_tokenizer)."""
     from ggufsmith.tokenizer import export_tokenizer
 
-    return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind)
+    return export_tokenizer(model_dir, vocab_size=vocab_size, kind=kind, strict=strict)
 
 
 def make_plan(
@@ -67,14 +68,17 @@ def make_plan(
     model_name: str | None = None,
     with_tokenizer: bool = True,
     quantize_request: QuantizeRequest | None = None,
+    strict_tokenizer: bool = False,
 ) -> ConversionPlan:
     """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet.
 
     A preset outtype (q4_k_m, q4_0, ...) plans the F32 conversion, then what llama-quantize makes
-    of that file; `quantize_request` carries llama-quantize's options (default: the preset's)."""
+    of that file; `quantize_request` carries llama-quantize's options (default: the preset's).
+    `strict_tokenizer` refuses a tokenizer llama.cpp would apply differently on some text."""
     if is_preset_outtype(outtype) or quantize_request is not None:
         request = quantize_request or QuantizeRequest(outtype)
-        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer)
+        f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer,
+                        strict_tokenizer=strict_tokenizer)
         return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
@@ -89,7 +93,8 @@ def make_plan(
     metadata.add_uint32(Keys.General.FILE_TYPE, int(file_type))
     metadata.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANTIZATION_VERSION)
     if with_tokenizer:
-        metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind))
+        metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind,
+                                           strict=strict_tokenizer))
     plugin.check(mapped, metadata)
     return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
 
@@ -178,8 +183,12 @@ def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) ->
     return _checked(t, produce)
 
 
-def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:
-    """Load, transform, quantize and write every planned tensor. Returns the written path."""
+def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True, inputs: Iterable[str | Path] = (),
+               force: bool = False) -> Path:
+    """Load, transform, quantize and write every planned tensor. Returns the written path.
+
+    `inputs` are the files the plan reads, which `dst` must not be; `force` lets `dst` be an
+    existing device or FIFO, written into (see gguf_writer/output.py)."""
     from tqdm import tqdm
 
     dst = Path(dst)
@@ -191,7 +200,7 @@ def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) 
         # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
         # the wall time of a conversion; the OS writes the data back on its own schedule.
         alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
-        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False) as writer:
+        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False, inputs=inputs, force=force) as writer:
             for t in plan.tensors:
                 writer.add_tensor(t.name, t.shape, t.ggml_type)
             converted = _converted_in_order(plan.tensors, pool)
@@ -239,6 +248,8 @@ def convert(
     with_tokenizer: bool = True,
     imatrix: str | Path | None = None,
     quantize_request: QuantizeRequest | None = None,
+    strict_tokenizer: bool = False,
+    force: bool = False,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
 
@@ -246,11 +257,13 @@ def convert(
     llama-quantize would make from the F32 conversion, made without any intermediate file);
     `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
     (default: chosen from config.json). With `dry_run` nothing is written. `dst` appears only once
-    complete.
+    complete; it may not be one of the inputs, nor a directory, device or FIFO unless `force`.
+    Where llama.cpp will tokenize some text differently from the Hugging Face tokenizer, one
+    warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md).
     """
     dst = Path(dst)
-    if dst.is_dir():
-        raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
+    inputs = folder_files(src) + ([Path(imatrix)] if imatrix is not None else [])
+    check_target(dst, inputs, force=force)  # before any work
     if is_preset_outtype(outtype) or quantize_request is not None:
         quantize_request = quantize_request or QuantizeRequest(outtype)
         if imatrix is not None:
@@ -263,7 +276,7 @@ def convert(
         outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
-                         quantize_request=quantize_request)
+                         quantize_request=quantize_request, strict_tokenizer=strict_tokenizer)
         if not dry_run:
-            write_plan(plan, dst, progress=progress)
+            write_plan(plan, dst, progress=progress, inputs=inputs + checkpoint.files, force=force)
     return plan
