@@ -112,9 +112,7 @@ def test_damaged_gguf_input_to_quantize(model_gguf, tmp_path, damage):
     src = make(model_gguf, tmp_path)
     target = tmp_path / "out" / "model-Q4_K_M.gguf"
     target.parent.mkdir()
-    # --quiet: a NaN is found while writing, after the progress bar has started (the bar is not ours to test)
-    quiet = ["--quiet"] if damage == "nan_in_a_weight" else []
-    line = assert_clean_failure(run_cli("quantize", src, target, "Q4_K_M", "--allow-requantize", *quiet), culprit, target)
+    line = assert_clean_failure(run_cli("quantize", src, target, "Q4_K_M", "--allow-requantize"), culprit, target)
     assert str(src) in line
 
 
