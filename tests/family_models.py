@@ -17,8 +17,11 @@ import numpy as np
 PROMPT = "The quick brown fox, größere Äpfel, 我们今天去公园散步。 Привет! 12345 🦙 def f(x): return x ** 2"
 
 
-def build_model(config_class: str, model_class: str, model_dir: Path, seed: int = 0, **fields) -> Path:
-    """Save a random `model_class` (a transformers class name) built from `config_class(**fields)`."""
+def build_model(config_class: str, model_class: str, model_dir: Path, seed: int = 0, fused_experts: bool = False,
+                **fields) -> Path:
+    """Save a random `model_class` (a transformers class name) built from `config_class(**fields)`;
+    with fused_experts, in the layout transformers 5 keeps in memory (experts stacked and gate_up
+    fused: save_pretrained(save_original_format=False)) instead of one tensor per expert."""
     import torch
     import transformers
 
@@ -26,7 +29,7 @@ def build_model(config_class: str, model_class: str, model_dir: Path, seed: int 
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
     randomize(model)
-    model.save_pretrained(model_dir)
+    model.save_pretrained(model_dir, save_original_format=not fused_experts)
     return model_dir
 
 

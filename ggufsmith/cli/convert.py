@@ -40,9 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option, add_quantize_options
+    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_threads_option
 
     add_force_option(parser)
+    add_threads_option(parser)
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
                    progress=show_progress(args), model_name=args.model_name, quantize_request=request,
-                   strict_tokenizer=args.strict_tokenizer)
+                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
         print_summary(plan, args.dst, dry_run=True)

@@ -19,9 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process-output", action="store_true", help="collect output.weight too (llama-imatrix --process-output)")
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin for the tensor names (default: from config.json)")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option
+    from ggufsmith.cli.quantize import add_force_option, add_threads_option
 
     add_force_option(parser)
+    add_threads_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr, flush=True)
 
     result = compute_imatrix(args.src, text, chunk_size=args.chunk_size, max_chunks=args.max_chunks,
-                             process_output=args.process_output, arch=args.arch, progress=progress)
+                             process_output=args.process_output, arch=args.arch, progress=progress,
+                             threads=args.threads or None)
     write_computed_imatrix(result, args.dst, args.text, inputs=inputs, force=args.force)
     for name in result.not_collected:
         print(f"ggufsmith: warning: no activations reached {name}; it has no entry", file=sys.stderr)

@@ -25,6 +25,23 @@ def tensor_type_arg(text: str) -> tuple[str, GGMLType]:
     return pattern.lower(), ggml_type_arg(type_name)
 
 
+def threads_arg(text: str) -> int:
+    """--threads N: a number of workers, 0 for every core this process may use."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of workers (0 or none: every available core)")
+    return value
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", "-t", type=threads_arg, default=0, metavar="N",
+                        help="worker threads (default: every core this process may use, from its CPU affinity and "
+                             "cgroup quota); the output is the same for any N")
+
+
 def add_quantize_options(parser: argparse.ArgumentParser) -> None:
     """llama-quantize's options that `convert --outtype PRESET` accepts too."""
     parser.add_argument("--imatrix", metavar="FILE", help="importance matrix (llama.cpp's GGUF or legacy .dat format)")
@@ -95,6 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
     add_force_option(parser)
+    add_threads_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
     plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
-                         keep_split=args.keep_split, force=args.force)
+                         keep_split=args.keep_split, force=args.force, threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:

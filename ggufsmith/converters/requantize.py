@@ -13,6 +13,7 @@ from pathlib import Path
 from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.readers.gguf_source import open_gguf_model, split_paths
 from ggufsmith.converters.pipeline import write_plan
+from ggufsmith.converters.workers import resolve_workers
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -31,12 +32,15 @@ def quantize_gguf(
     progress: bool = False,
     keep_split: bool = False,
     force: bool = False,
+    threads: int | None = None,
 ) -> ConversionPlan:
     """Write what llama-quantize writes for `src` with `request` (a preset name or all options) to `dst`.
 
-    Returns the plan. `dst` appears only once complete; with `dry_run` nothing is written. `dst` may
-    not be an input (a part of `src`, the importance matrix), nor a directory, device or FIFO unless
-    `force` (see gguf_writer/output.py)."""
+    Returns the plan. `threads`: workers (default: every core this process may use; the file is
+    the same for any number). `dst` appears only once complete; with `dry_run` nothing is written.
+    `dst` may not be an input (a part of `src`, the importance matrix), nor a directory, device or
+    FIFO unless `force` (see gguf_writer/output.py)."""
+    resolve_workers(threads)  # reject a bad count before reading anything
     if isinstance(request, str):
         request = QuantizeRequest(request)
     src, dst = Path(src), Path(dst)
@@ -61,9 +65,9 @@ def quantize_gguf(
                 for path, _ in parts:
                     check_target(path, inputs, force=force)  # every part before writing the first
                 for path, part in parts:
-                    write_plan(part, path, progress=progress, inputs=inputs, force=force)
+                    write_plan(part, path, progress=progress, inputs=inputs, force=force, threads=threads)
             else:
-                write_plan(plan, dst, progress=progress, inputs=inputs, force=force)
+                write_plan(plan, dst, progress=progress, inputs=inputs, force=force, threads=threads)
     return plan
 
 
