@@ -177,3 +177,18 @@ def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, capl
     from tests.llamacpp_reference import gguf_contents
 
     assert gguf_contents(tmp_path / "mtp.gguf")[1] == gguf_contents(converted("v3", "per-expert", "f32"))[1]
+
+
+@pytest.mark.parametrize("kind, preset", [("v3", p) for p in ("Q2_K", "Q3_K_S", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")]
+                         + [("glm", "Q4_K_M")])
+def test_presets_match_llama_quantize(models, converted, tmp_path, kind, preset):
+    """`convert --outtype PRESET` straight from the checkpoint gives the file llama_model_quantize
+    makes from the f32 conversion, byte for byte (its rules for attn_k_b/attn_v_b, the experts,
+    the shared experts and the leading dense blocks included)."""
+    from ggufsmith.quantize.presets import get_preset
+    from tests.requant_oracle import assert_same_file as assert_same_bytes, llama_quantize
+
+    ours = tmp_path / "ours.gguf"
+    ggufsmith.convert(models[kind, "per-expert"][0], ours, outtype=preset.lower())
+    assert llama_quantize(converted(kind, "per-expert", "f32"), tmp_path / "theirs.gguf", get_preset(preset).file_type) == 0
+    assert_same_bytes(ours, tmp_path / "theirs.gguf")
