@@ -45,7 +45,10 @@ def _gguf_py_quantizer(ggml_type):
         import gguf
     except ImportError:
         return None
-    qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    try:
+        qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    except ValueError:  # a type newer than this gguf-py
+        return None
     probe = np.zeros((1, ROW_LENGTH), dtype=np.float32)
     try:
         gguf.quants.quantize(probe, qtype)
@@ -85,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     data = rng.standard_normal((n_rows, ROW_LENGTH), dtype=np.float32)
     ggml_quantize = _ggml_quantizer()
 
-    header = f"{'type':<6} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
+    header = f"{'type':<7} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
     print(f"{data.nbytes / 1e6:.0f} MB of float32 per type, rows of {ROW_LENGTH}{', with imatrix' if args.importance else ''}")
     print(header)
     print("-" * len(header))
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             return f"{ours_rate / rate:.2f}x" if rate else "-"
 
         print(
-            f"{ggml_type.name:<6} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
+            f"{ggml_type.name:<7} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
             f"{fmt_ratio(ggml_rate):>10} {fmt_ratio(gguf_rate):>13}  {'-' if exact is None else ('yes' if exact else 'NO')}",
             flush=True,
         )

@@ -54,16 +54,62 @@ _IQ4_NL_BYTES = 2 + BLOCK // 2
 _IQ4_XS_BYTES = 2 + 2 + SUB_BLOCKS // 2 + QK_K // 2
 
 
-def nearest_levels(scaled: np.ndarray) -> np.ndarray:
-    """ggml's best_index_int8(16, kvalues_iq4nl, v) for every v, as uint8 indices.
+def _reference_nearest_level(v: np.float32) -> int:
+    """best_index_int8 for one float32, literally: the building block of the tables below."""
+    if v <= _LEVELS_F32[0]:
+        return 0
+    if v >= _LEVELS_F32[-1]:
+        return LEVELS.size - 1
+    upper = int(np.searchsorted(_LEVELS_F32, v, side="right"))
+    return upper - 1 if (v - _LEVELS_F32[upper - 1]) < (_LEVELS_F32[upper] - v) else upper
 
-    Below the first level 0, above the last 15; otherwise the binary search's bracket
-    lower <= v < upper, and the lower one only if v - lower < upper - v in float32 (a tie goes up).
-    NaN sorts after every level in searchsorted and fails every comparison in C: 15 in both."""
-    upper = np.searchsorted(_LEVELS_F32, scaled, side="right")
-    np.clip(upper, 1, LEVELS.size - 1, out=upper)
-    goes_down = (scaled - _LEVELS_F32[upper - 1]) < (_LEVELS_F32[upper] - scaled)
-    return (upper - goes_down).astype(np.uint8)
+
+def _first_rounding_up(lower: int) -> np.float32:
+    """The smallest float32 between levels `lower` and `lower + 1` that goes to the upper one.
+    `v - lo < hi - v` is monotone in v, and float32 rounding moves its flip at most a few ulps
+    from the midpoint: walk there from the midpoint."""
+    v = np.float32((int(LEVELS[lower]) + int(LEVELS[lower + 1])) / 2)
+    while _reference_nearest_level(v) != lower:
+        v = np.nextafter(v, np.float32(-np.inf))
+    while _reference_nearest_level(v) == lower:
+        v = np.nextafter(v, np.float32(np.inf))
+    return v
+
+
+def _bin_tables() -> tuple[np.ndarray, np.ndarray]:
+    """For every integer t in [LEVELS[0] - 1, LEVELS[-1]]: (the level of t, the float32 in (t, t + 1)
+    where the level goes one up, or NaN, which no value reaches, not even +Inf). Levels are integers at least 11 apart, so a unit interval
+    holds at most one such boundary, and the level of v is found from floor(v) with two look-ups."""
+    first = int(LEVELS[0]) - 1
+    bins = np.arange(first, int(LEVELS[-1]) + 1)
+    base = np.array([_reference_nearest_level(np.float32(t)) for t in bins], dtype=np.uint8)
+    boundary = np.full(bins.size, np.nan, dtype=F32)
+    for lower in range(LEVELS.size - 1):
+        b = _first_rounding_up(lower)
+        t = int(np.floor(b))
+        if b != t:
+            boundary[t - first] = b
+    return base, boundary
+
+
+_BIN_BASE, _BIN_BOUNDARY = _bin_tables()
+_FIRST_BIN, _LAST_BIN = F32(int(LEVELS[0]) - 1), F32(int(LEVELS[-1]))
+
+
+def nearest_levels(scaled: np.ndarray) -> np.ndarray:
+    """ggml's best_index_int8(16, kvalues_iq4nl, v) for every v, as uint8 indices: the nearest
+    level, the lower one only if v - lower < upper - v in float32, 0 at or below the first level,
+    15 at or above the last and for NaN (which fails every comparison in C)."""
+    bins = np.floor(scaled)
+    np.clip(bins, _FIRST_BIN, _LAST_BIN, out=bins)
+    bins -= _FIRST_BIN
+    index = bins.astype(np.intp)
+    levels = _BIN_BASE.take(index, mode="clip")
+    levels += scaled >= _BIN_BOUNDARY.take(index, mode="clip")
+    nan = np.isnan(scaled)
+    if nan.any():
+        levels[nan] = LEVELS.size - 1
+    return levels
 
 
 def _weighted_sums(x: np.ndarray, weights: np.ndarray, inverse_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

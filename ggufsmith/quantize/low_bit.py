@@ -25,7 +25,10 @@ def _scale_bytes(d: np.ndarray) -> np.ndarray:
 
 
 def _scale_of(blocks: np.ndarray) -> np.ndarray:
-    return fp16_value(np.ascontiguousarray(blocks[:, :2]).view(np.uint16)[:, 0])
+    """The block's float16 d as GGML_FP16_TO_FP32 gives it. ggml's conversion ends in a float
+    multiplication, which quiets a signaling NaN; numpy's keeps it signaling. Q1_0 decodes to d
+    itself, with no arithmetic that would quiet it later, so do it here (* 1 changes nothing else)."""
+    return fp16_value(np.ascontiguousarray(blocks[:, :2]).view(np.uint16)[:, 0]) * F32(1)
 
 
 @float_warnings_off
