@@ -22,5 +22,6 @@ from ggufsmith.quantize import k_affine  # noqa: E402,F401  Q2_K, Q4_K, Q5_K
 from ggufsmith.quantize import ternary  # noqa: E402,F401  TQ1_0, TQ2_0
 from ggufsmith.quantize import low_bit  # noqa: E402,F401  Q1_0, Q2_0
 from ggufsmith.quantize import iq_nonlinear  # noqa: E402,F401  IQ4_NL, IQ4_XS
+from ggufsmith.quantize import iq3  # noqa: E402,F401  IQ3_XXS, IQ3_S
 
 __all__ = ["QuantFormat", "dequantize", "get_format", "quantize", "register", "supported_types"]
