@@ -1,6 +1,11 @@
-"""The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are
-byte-identical to ggml's C quantizer and decode bit for bit as ggml's to_float does, with and
-without an importance matrix, on the data sets of the other quantizer tests.
+"""The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S, the
+ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer and decode bit for bit
+as ggml's to_float does, with and without an importance matrix, on the data sets of the other
+quantizer tests.
+
+The grid types' search sums weight * diff^2 ~ |x|^3 in float32: beyond |x| ~ 1e12 that overflows
+and ggml aborts (GGML_ASSERT in its neighbour search). Their "huge" rows are therefore scaled into
+1e-22 .. 1e11, and a separate test shows that both ggml and we refuse larger values.
 
 The oracle is ggml itself (tests/ggml_oracle.py); gguf-py is a second reference for decoding where
 it knows the type.
@@ -17,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize import dequantize, get_format, iq_nonlinear, quantize
+from tests.ggml_oracle import _lib_dir
 from tests.ggml_oracle import ggml_dequantize, ggml_quantize
 from tests.quant_checks import (
     assert_same_bytes,
@@ -27,10 +33,13 @@ from tests.quant_checks import (
 )
 from tests.quant_data import model_weight_rows, quant_cases
 
-# IQ4_NL and IQ4_XS use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
-USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS]
+GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S]
+# These use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
+USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES
 IGNORES_IMPORTANCE = [GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.Q1_0, GGMLType.Q2_0]
 TYPES = USES_IMPORTANCE + IGNORES_IMPORTANCE
+# Below ggml's abort threshold (module docstring).
+GRID_HUGE_SCALE = np.float32(1e-26)
 
 ROW_LENGTHS = {GGMLType.IQ4_NL: (32, 64, 4096), GGMLType.Q2_0: (64, 128, 4096), GGMLType.Q1_0: (128, 256, 4096)}
 
@@ -43,14 +52,25 @@ def _n_rows(row_length: int) -> int:
     return max(8, 64 * 1024 // row_length)
 
 
+def _cases_for(ggml_type: GGMLType):
+    if ggml_type not in GRID_TYPES:
+        return quant_cases
+
+    def cases(rng, n_rows, row_length, block_size):
+        for name, rows in quant_cases(rng, n_rows, row_length, block_size):
+            yield name, rows * GRID_HUGE_SCALE if name == "huge" else rows
+
+    return cases
+
+
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_without_importance(ggml_type):
-    check_distributions_against_ggml(ggml_type, _row_lengths(ggml_type), _n_rows, quant_cases)
+    check_distributions_against_ggml(ggml_type, _row_lengths(ggml_type), _n_rows, _cases_for(ggml_type))
 
 
 @pytest.mark.parametrize("ggml_type", USES_IMPORTANCE, ids=lambda t: t.name)
 def test_quantize_matches_ggml_with_importance(ggml_type):
-    check_distributions_with_importance(ggml_type, _row_lengths(ggml_type), _n_rows, quant_cases)
+    check_distributions_with_importance(ggml_type, _row_lengths(ggml_type), _n_rows, _cases_for(ggml_type))
 
 
 @pytest.mark.parametrize("ggml_type", IGNORES_IMPORTANCE, ids=lambda t: t.name)
@@ -127,17 +147,26 @@ def test_nearest_level_tables_agree_with_the_rule_everywhere_near_a_boundary():
         assert iq_nonlinear.nearest_levels(values).tolist() == expected
 
 
-_finite_rows = hnp.arrays(
-    np.float32,
-    hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
-    elements=st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True),
-)
+def _finite_rows(max_magnitude: float | None):
+    return hnp.arrays(
+        np.float32,
+        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
+        elements=st.floats(
+            None if max_magnitude is None else -max_magnitude, max_magnitude,
+            width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True,
+        ),
+    )
+
+
+def _max_magnitude(ggml_type: GGMLType) -> float | None:
+    return float(np.float32(1e11)) if ggml_type in GRID_TYPES else None
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 @settings(max_examples=40, deadline=None)
-@given(rows=_finite_rows, data=st.data())
-def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, rows, data):
+@given(data=st.data())
+def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, data):
+    rows = data.draw(_finite_rows(_max_magnitude(ggml_type)))
     check_against_ggml(rows, ggml_type, None, "hypothesis rows")
     if ggml_type in USES_IMPORTANCE:
         importance = data.draw(hnp.arrays(np.float32, rows.shape[1], elements=st.floats(0, 1e6, width=32)))
@@ -156,4 +185,30 @@ def test_rejects_nan_and_inf(ggml_type):
     rows = np.ones((3, 256), np.float32)
     rows[2, 17] = np.nan
     with pytest.raises(QuantizationError, match="row 2 contains NaN or Inf"):
+        quantize(rows, ggml_type)
+
+
+_GGML_ON_HUGE_VALUES = """
+import ctypes, sys
+import numpy as np
+lib = ctypes.CDLL(sys.argv[1])
+rows = np.full(256, 1e30, np.float32) * np.linspace(0.1, 1.0, 256, dtype=np.float32)
+out = np.zeros(256, np.uint8)
+lib.ggml_quantize_chunk(int(sys.argv[2]), ctypes.c_void_p(rows.ctypes.data), ctypes.c_void_p(out.ctypes.data),
+                        ctypes.c_int64(0), ctypes.c_int64(1), ctypes.c_int64(256), None)
+"""
+
+
+@pytest.mark.parametrize("ggml_type", GRID_TYPES, ids=lambda t: t.name)
+def test_grid_types_refuse_values_whose_errors_overflow_where_ggml_aborts(ggml_type):
+    import subprocess
+    import sys
+
+    ggml = subprocess.run(
+        [sys.executable, "-c", _GGML_ON_HUGE_VALUES, str(_lib_dir() / "libggml-base.so"), str(int(ggml_type))],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert ggml.returncode != 0 and "GGML_ASSERT" in ggml.stderr
+    rows = np.full((1, 256), 1e30, np.float32) * np.linspace(0.1, 1.0, 256, dtype=np.float32)
+    with pytest.raises(QuantizationError, match=f"{ggml_type.name} cannot quantize values this large"):
         quantize(rows, ggml_type)

@@ -50,9 +50,13 @@ _IQ3_GRID_512 = (
 
 class GridTables(NamedTuple):
     levels: np.ndarray  # uint8[points, dims]: each point's coordinates
+    values_by_coordinate: np.ndarray  # float32[dims, points]: 2 * level + 1, what the quantizers fit
     index_of: np.ndarray  # int32[2**(bits*dims)]: the point's index, or -1 off the grid
-    neighbours: np.ndarray  # int32[2**(bits*dims), max_count]: nearest points of an off-grid u, -1 padded
-    neighbour_counts: np.ndarray  # int32[2**(bits*dims)]
+    # The nearest points of an off-grid u, in ggml's order, are
+    # neighbours[neighbour_starts[u] : neighbour_starts[u] + neighbour_counts[u]].
+    neighbours: np.ndarray  # int32[total]
+    neighbour_starts: np.ndarray  # int32[2**(bits*dims)]
+    neighbour_counts: np.ndarray  # int32[2**(bits*dims)], 0 on the grid
 
 
 def _bitmap_points(hex_bitmap: str) -> np.ndarray:
@@ -82,12 +86,11 @@ def _build(points: np.ndarray, bits: int, dims: int, nwant: int) -> GridTables:
     new_distance[:, 1:] = sorted_d2[:, 1:] != sorted_d2[:, :-1]
     keep = np.cumsum(new_distance, axis=1) <= nwant
     counts = keep.sum(axis=1).astype(np.int32)
-    neighbours = np.full((size, int(counts.max())), -1, dtype=np.int32)
     neighbour_counts = np.zeros(size, dtype=np.int32)
-    kept = np.where(keep, order, -1)[:, : neighbours.shape[1]]
-    neighbours[off_grid] = kept
     neighbour_counts[off_grid] = counts
-    return GridTables(levels, index_of, neighbours, neighbour_counts)
+    neighbour_starts = (np.cumsum(neighbour_counts) - neighbour_counts).astype(np.int32)
+    neighbours = order[keep].astype(np.int32)  # row by row: u ascending, each in (distance, index) order
+    return GridTables(levels, np.ascontiguousarray((2 * levels.T + 1).astype(np.float32)), index_of, neighbours, neighbour_starts, neighbour_counts)
 
 
 @cache
