@@ -1,10 +1,10 @@
-"""The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S, the
-ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer and decode bit for bit
+"""The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S / IQ2_XXS /
+IQ2_XS, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer and decode bit for bit
 as ggml's to_float does, with and without an importance matrix, on the data sets of the other
 quantizer tests.
 
 The grid types' search sums weight * diff^2 ~ |x|^3 in float32: beyond |x| ~ 1e12 that overflows
-and ggml aborts (GGML_ASSERT in its neighbour search). Their "huge" rows are therefore scaled into
+and ggml aborts (GGML_ASSERT in its neighbour search, or GGML_ABORT when NaN scales leave a group off the grid). Their "huge" rows are therefore scaled into
 1e-22 .. 1e11, and a separate test shows that both ggml and we refuse larger values.
 
 The oracle is ggml itself (tests/ggml_oracle.py); gguf-py is a second reference for decoding where
@@ -12,6 +12,10 @@ it knows the type.
 """
 
 from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -22,8 +26,7 @@ from hypothesis.extra import numpy as hnp
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize import dequantize, get_format, iq_nonlinear, quantize
-from tests.ggml_oracle import _lib_dir
-from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+from tests.ggml_oracle import _lib_dir, ggml_base, ggml_dequantize, ggml_quantize
 from tests.quant_checks import (
     assert_same_bytes,
     assert_same_floats,
@@ -33,11 +36,14 @@ from tests.quant_checks import (
 )
 from tests.quant_data import model_weight_rows, quant_cases
 
-GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S]
+# ggml refuses to quantize these without an imatrix.
+REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS]
+GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S] + REQUIRES_IMPORTANCE
 # These use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
 USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES
 IGNORES_IMPORTANCE = [GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.Q1_0, GGMLType.Q2_0]
 TYPES = USES_IMPORTANCE + IGNORES_IMPORTANCE
+WORK_WITHOUT_IMPORTANCE = [t for t in TYPES if t not in REQUIRES_IMPORTANCE]
 # Below ggml's abort threshold (module docstring).
 GRID_HUGE_SCALE = np.float32(1e-26)
 
@@ -63,7 +69,7 @@ def _cases_for(ggml_type: GGMLType):
     return cases
 
 
-@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", WORK_WITHOUT_IMPORTANCE, ids=lambda t: t.name)
 def test_quantize_matches_ggml_without_importance(ggml_type):
     check_distributions_against_ggml(ggml_type, _row_lengths(ggml_type), _n_rows, _cases_for(ggml_type))
 
@@ -85,7 +91,8 @@ def test_importance_is_ignored_as_ggml_does(ggml_type):
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_on_llama_weights(ggml_type):
     rows = model_weight_rows(256, max_rows=2048)
-    check_against_ggml(rows, ggml_type, None, "Llama weights")
+    if ggml_type not in REQUIRES_IMPORTANCE:
+        check_against_ggml(rows, ggml_type, None, "Llama weights")
     if ggml_type in USES_IMPORTANCE:
         importance = np.random.default_rng(7).lognormal(0.0, 1.0, 256).astype(np.float32)
         check_against_ggml(rows[:512], ggml_type, importance, "Llama weights with imatrix")
@@ -103,7 +110,8 @@ def test_quantize_matches_ggml_on_single_blocks(ggml_type):
         "halves": (rng.integers(-8, 9, (3, block_size)) / np.float32(2)).astype(np.float32),
     }
     for name, rows in cases.items():
-        check_against_ggml(rows, ggml_type, None, name)
+        if ggml_type not in REQUIRES_IMPORTANCE:
+            check_against_ggml(rows, ggml_type, None, name)
         if ggml_type in USES_IMPORTANCE:
             check_against_ggml(rows, ggml_type, rng.lognormal(0.0, 1.0, block_size).astype(np.float32), f"{name}, imatrix")
 
@@ -167,7 +175,8 @@ def _max_magnitude(ggml_type: GGMLType) -> float | None:
 @given(data=st.data())
 def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, data):
     rows = data.draw(_finite_rows(_max_magnitude(ggml_type)))
-    check_against_ggml(rows, ggml_type, None, "hypothesis rows")
+    if ggml_type not in REQUIRES_IMPORTANCE:
+        check_against_ggml(rows, ggml_type, None, "hypothesis rows")
     if ggml_type in USES_IMPORTANCE:
         importance = data.draw(hnp.arrays(np.float32, rows.shape[1], elements=st.floats(0, 1e6, width=32)))
         check_against_ggml(rows, ggml_type, importance, "hypothesis rows with imatrix")
@@ -177,7 +186,7 @@ def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, data):
 def test_rejects_rows_that_are_not_whole_blocks(ggml_type):
     block_size = get_format(ggml_type).block_size
     with pytest.raises(QuantizationError, match=f"multiple of {block_size}"):
-        quantize(np.zeros((2, block_size + 16), np.float32), ggml_type)
+        quantize(np.zeros((2, block_size + 16), np.float32), ggml_type, np.ones(block_size + 16, np.float32))
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -185,7 +194,7 @@ def test_rejects_nan_and_inf(ggml_type):
     rows = np.ones((3, 256), np.float32)
     rows[2, 17] = np.nan
     with pytest.raises(QuantizationError, match="row 2 contains NaN or Inf"):
-        quantize(rows, ggml_type)
+        quantize(rows, ggml_type, np.ones(256, np.float32))
 
 
 _GGML_ON_HUGE_VALUES = """
@@ -194,21 +203,30 @@ import numpy as np
 lib = ctypes.CDLL(sys.argv[1])
 rows = np.full(256, 1e30, np.float32) * np.linspace(0.1, 1.0, 256, dtype=np.float32)
 out = np.zeros(256, np.uint8)
+weights = np.ones(256, np.float32)
 lib.ggml_quantize_chunk(int(sys.argv[2]), ctypes.c_void_p(rows.ctypes.data), ctypes.c_void_p(out.ctypes.data),
-                        ctypes.c_int64(0), ctypes.c_int64(1), ctypes.c_int64(256), None)
+                        ctypes.c_int64(0), ctypes.c_int64(1), ctypes.c_int64(256), ctypes.c_void_p(weights.ctypes.data))
 """
 
 
 @pytest.mark.parametrize("ggml_type", GRID_TYPES, ids=lambda t: t.name)
 def test_grid_types_refuse_values_whose_errors_overflow_where_ggml_aborts(ggml_type):
-    import subprocess
-    import sys
-
     ggml = subprocess.run(
         [sys.executable, "-c", _GGML_ON_HUGE_VALUES, str(_lib_dir() / "libggml-base.so"), str(int(ggml_type))],
         capture_output=True, text=True, timeout=120,
     )
-    assert ggml.returncode != 0 and "GGML_ASSERT" in ggml.stderr
+    assert ggml.returncode != 0 and "ggml-quants.c" in ggml.stderr  # GGML_ASSERT or GGML_ABORT
     rows = np.full((1, 256), 1e30, np.float32) * np.linspace(0.1, 1.0, 256, dtype=np.float32)
     with pytest.raises(QuantizationError, match=f"{ggml_type.name} cannot quantize values this large"):
-        quantize(rows, ggml_type)
+        quantize(rows, ggml_type, np.ones(256, np.float32))
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_types_that_need_an_imatrix_are_the_ones_ggml_refuses_without(ggml_type):
+    lib = ggml_base()
+    lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    assert get_format(ggml_type).requires_importance == lib.ggml_quantize_requires_imatrix(int(ggml_type))
+    if ggml_type in REQUIRES_IMPORTANCE:
+        with pytest.raises(QuantizationError, match=f"{ggml_type.name} needs an importance matrix"):
+            quantize(np.ones((1, 256), np.float32), ggml_type)

@@ -47,7 +47,7 @@ class GridSearch:
 
 
 class NoNeighbour(Exception):
-    """No neighbour has an error below FLT_MAX: ggml aborts."""
+    """ggml aborts: see search()."""
 
 
 def refuse_overflow(type_name: str) -> QuantizationError:
@@ -164,15 +164,20 @@ def _fit(weight: np.ndarray, xval: np.ndarray, levels: np.ndarray) -> tuple[np.n
     return sum_from_zero((weight * xval) * q), sum_from_zero((weight * q) * q)
 
 
-def search(spec: GridSearch, weight: np.ndarray, xval: np.ndarray, base: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def search(
+    spec: GridSearch, weight: np.ndarray, xval: np.ndarray, base: np.ndarray, scale: np.ndarray, levels: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The trial-scale search and refit of blocks that are not all zero: (scale [blocks], levels int32
-    [block, blocks], every group on the grid). `base` divides the trial scales, `scale` is the
-    scale kept if no trial improves on nothing."""
+    [block, blocks], every group on the grid). `base` divides the trial scales; `scale` and `levels`
+    (zeros if None) are kept if no trial improves on nothing and there is no refit.
+
+    Raises NoNeighbour where ggml aborts: no neighbour with a finite error, or final levels off the
+    grid (kept initial levels, when NaN scales from overflowing sums prevent every trial and refit)."""
     waux = np.sqrt(weight)
     n_blocks = base.size
     scale = scale.copy()
     best = np.zeros(n_blocks, dtype=F32)
-    levels = np.zeros(xval.shape, dtype=np.int32)
+    levels = np.zeros(xval.shape, dtype=np.int32) if levels is None else levels.astype(np.int32)
     on_grid = np.full((xval.shape[0] // spec.group, n_blocks), spec.start_on_grid)
     for step in range(-spec.trials, spec.trials + 1):
         inverse = (F32(spec.center) + F32(step) * F32(spec.step)) / base
@@ -199,6 +204,8 @@ def search(spec: GridSearch, weight: np.ndarray, xval: np.ndarray, base: np.ndar
         levels[:, b] = moved
         sum_qx, sum_q2 = _fit(weight[:, b], x_r, moved)
         scale[b] = np.where(sum_q2 > 0, sum_qx / sum_q2, scale[b])
+    if (levels > spec.max_level).any() or (spec.grid().index_of[pack(spec, levels)] < 0).any():
+        raise NoNeighbour
     return scale, levels
 
 

@@ -3,9 +3,10 @@ init (iq3xs_init_impl and friends), built here the same way, once, on first use.
 
 A grid is a set of points with small non-negative integer coordinates (levels) that a group of
 values may take, the point's index being what a block stores. ggml publishes each grid as its
-points' packed coordinates in increasing order; since a point with 4 coordinates of 3 bits is a
-12-bit number, the 256 and 512 points of the IQ3 grids are kept here as bitmaps of 4096 bits
-(bit u set: the point with packed coordinates u is on the grid; its index is its rank).
+points' packed coordinates in increasing order. A point of the IQ3 grids (4 coordinates of 3 bits)
+is a 12-bit number: their 256 and 512 points are kept here as bitmaps of 4096 bits (bit u set: the
+point with packed coordinates u is on the grid; its index is its rank). A point of the IQ2 grids
+(8 coordinates of 2 bits) is a 16-bit number: those are kept as big-endian uint16 in hex.
 
 For a point u off the grid, the quantizers need the grid points nearest to it: ggml keeps those at
 the `nwant` smallest distinct squared distances, ordered by (distance, index).
@@ -48,6 +49,51 @@ _IQ3_GRID_512 = (
 )
 
 
+# IQ2_XXS: 256 points with 8 coordinates of 2 bits (ggml's kgrid_2bit_256 of iq2xs_init_impl).
+_IQ2_GRID_256 = (
+    "0000000200050008000a00110014002000220028002a00410044005000580061006400800082008a00a2010101040110"
+    "0115014001840198020002020222028204010404041004210424044004420448046004810484049004a4050005020508"
+    "05200546056905800591060906100640068406a40800080508080814082808410844085008520888090409400a020a14"
+    "1001100410101021104010601084109010951100110811201150115a1180122412451400140814201425144914801518"
+    "156216001616180118041810184018811900190519a01a5120002002200a204420612080208221292148220022022401"
+    "240424102440245625002541256426902808282028942a44400140044010401840214024404040484056406040814084"
+    "409041004120416141804185420142104248425642684400440844204480449945124524460048014804481048404845"
+    "49004958496149824a454a9050005008501150195020508050885104514251a4529154905492550a5601565458005811"
+    "5819586459405a086004601060406068610061556218626064006405651065126584684280008002800a804180828104"
+    "811881408211840184048410841584408460850085468594860986408660880289048a11900490109024904090a19116"
+    "91809245940094229444955198819920a002a050a085a109a200a418a850a904"
+)
+# IQ2_XS: 512 points (kgrid_2bit_512).
+_IQ2_GRID_512 = (
+    "0000000200050008000a0011001400160019002000220025002800410044004600490050005200550058006100640080"
+    "00820085008800910094009900a001010104010601090110011201150118011a01210124014001420145014801510154"
+    "01600168018101840190020002020205020802110214022002410244025002550280028a040104040406040904100412"
+    "041504180421042404400442044504480451045404560460048104840490050005020505050805110514052005410544"
+    "05500561058006010604061006260640064206840800080208050808080a081108140820082508410844085008580880"
+    "08a008aa0901090409100940098109890a000a200a280a960aa010011004100610091010101210151018102110241040"
+    "104210451048105110541060106a10811084109011001102110511081111111411201141114411501180119411961201"
+    "120412061210124012601400140214051408141114141420144114441449145014641480150115041510154016001614"
+    "164918011804181018121840185418861900190519661a511aa92000200220052008200a201120142020204120442050"
+    "208020a021012104211021402148216522002222228022a82401240424102429244025002541255225992601261a26a6"
+    "28002808280a28202855288828a2296829902a082a202a822a882a8a4001400440064009401040124015401840214024"
+    "4040404240454048404a4051405440604065408140844090410041024105410841114114412041414144415041804185"
+    "41a242014204421042124229424044004402440544084411441444194420444144444450448044944501450445104524"
+    "4540459a4600460a464446504801480448104840484548544862490049114944495049694a0450005002500550085011"
+    "50145020502850415044505050805101510451105115514051425200524452aa540154045410542154405460548154a1"
+    "55005508558055885621566856a158005814584158505899591a594059425a85600160046010604060546062608660a9"
+    "61006224624a62926400641665106540654565a46801686a69256a066a546a628000800280058008801180148020802a"
+    "8041804480508080808280a880aa8101810481068110814081518159820082208280828282a082a88401840484108412"
+    "84158440846084898500854485a58618866a880088088825885a8880888288a889068a228a808a888a968aa890019004"
+    "901090409056908491009122916492569289940094059444945094589529959095929641985198a699499a159a60a000"
+    "a002a008a00aa020a02aa0a0a151a159a1a6a200a202a208a22aa280a2a0a440a495a665a698a80aa820a822a828a8a0"
+    "a8a8a904a984a986aa28aa2aaa91aaaa"
+)
+
+
+# Packed IQ2 points considered: 0b1010101010101010 (all eight levels 2) + 2, ggml's kmap_size.
+_IQ2_MAP_SIZE = 43692
+
+
 class GridTables(NamedTuple):
     levels: np.ndarray  # uint8[points, dims]: each point's coordinates
     values_by_coordinate: np.ndarray  # float32[dims, points]: 2 * level + 1, what the quantizers fit
@@ -69,28 +115,31 @@ def _coordinates(packed: np.ndarray, bits: int, dims: int) -> np.ndarray:
     return ((packed[:, None] >> shifts) & ((1 << bits) - 1)).astype(np.uint8)
 
 
-def _build(points: np.ndarray, bits: int, dims: int, nwant: int) -> GridTables:
-    size = 1 << (bits * dims)
+def _build(points: np.ndarray, bits: int, dims: int, nwant: int, size: int) -> GridTables:
+    """The tables for packed points 0 .. size - 1 (ggml's kmap_size)."""
     levels = _coordinates(points, bits, dims)
     index_of = np.full(size, -1, dtype=np.int32)
     index_of[points] = np.arange(points.size, dtype=np.int32)
     off_grid = np.flatnonzero(index_of < 0)
-    # ggml measures distances between 2*level + 1 values: 4 times the distance between levels,
-    # which orders the same way.
-    diff = _coordinates(off_grid, bits, dims).astype(np.int32)[:, None, :] - levels.astype(np.int32)[None, :, :]
-    dist2 = (diff * diff).sum(axis=2)  # [off-grid points, grid points]
-    order = np.argsort(dist2, axis=1, kind="stable")  # ties: lower index first, as ggml's compare
-    sorted_d2 = np.take_along_axis(dist2, order, axis=1)
-    # rank of each distance among the distinct distances of its row: keep ranks < nwant
-    new_distance = np.ones(sorted_d2.shape, dtype=bool)
-    new_distance[:, 1:] = sorted_d2[:, 1:] != sorted_d2[:, :-1]
-    keep = np.cumsum(new_distance, axis=1) <= nwant
-    counts = keep.sum(axis=1).astype(np.int32)
     neighbour_counts = np.zeros(size, dtype=np.int32)
-    neighbour_counts[off_grid] = counts
+    lists = []
+    for start in range(0, off_grid.size, 2048):  # bounded memory: 2048 x points distances at a time
+        chunk = off_grid[start : start + 2048]
+        # ggml measures distances between 2 * level + 1 values: 4 times the distance between
+        # levels, which orders the same way.
+        diff = _coordinates(chunk, bits, dims).astype(np.int32)[:, None, :] - levels.astype(np.int32)[None, :, :]
+        dist2 = (diff * diff).sum(axis=2)  # [off-grid points, grid points]
+        order = np.argsort(dist2, axis=1, kind="stable")  # ties: lower index first, as ggml's compare
+        sorted_d2 = np.take_along_axis(dist2, order, axis=1)
+        # keep the points at the nwant smallest distinct distances of each row
+        new_distance = np.ones(sorted_d2.shape, dtype=bool)
+        new_distance[:, 1:] = sorted_d2[:, 1:] != sorted_d2[:, :-1]
+        keep = np.cumsum(new_distance, axis=1) <= nwant
+        neighbour_counts[chunk] = keep.sum(axis=1)
+        lists.append(order[keep].astype(np.int32))  # row by row, each in (distance, index) order
     neighbour_starts = (np.cumsum(neighbour_counts) - neighbour_counts).astype(np.int32)
-    neighbours = order[keep].astype(np.int32)  # row by row: u ascending, each in (distance, index) order
-    return GridTables(levels, np.ascontiguousarray((2 * levels.T + 1).astype(np.float32)), index_of, neighbours, neighbour_starts, neighbour_counts)
+    values = np.ascontiguousarray((2 * levels.T + 1).astype(np.float32))
+    return GridTables(levels, values, index_of, np.concatenate(lists), neighbour_starts, neighbour_counts)
 
 
 @cache
@@ -98,4 +147,14 @@ def iq3_grid(grid_size: int) -> GridTables:
     """ggml's iq3xs_init_impl tables for the IQ3_XXS (256) or IQ3_S (512) grid: 4 levels of 3 bits
     (values 2*level + 1), the 2 (256) or 3 (512) nearest distances as neighbours."""
     hex_bitmap = {256: _IQ3_GRID_256, 512: _IQ3_GRID_512}[grid_size]
-    return _build(_bitmap_points("".join(hex_bitmap)), bits=3, dims=4, nwant=2 if grid_size == 256 else 3)
+    return _build(_bitmap_points("".join(hex_bitmap)), bits=3, dims=4, nwant=2 if grid_size == 256 else 3, size=1 << 12)
+
+
+@cache
+def iq2_grid(grid_size: int) -> GridTables:
+    """ggml's iq2xs_init_impl tables for the IQ2_XXS (256) or IQ2_XS (512) grid: 8 levels of 2 bits
+    (values 2 * level + 1), the 2 nearest distances as neighbours, for every packed point up to
+    the largest whose levels are all at most 2 (the quantizers never round to level 3)."""
+    hex_points = {256: _IQ2_GRID_256, 512: _IQ2_GRID_512}[grid_size]
+    points = np.frombuffer(bytes.fromhex("".join(hex_points)), dtype=">u2").astype(np.int64)
+    return _build(points, bits=2, dims=8, nwant=2, size=_IQ2_MAP_SIZE)
