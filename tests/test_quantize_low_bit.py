@@ -4,8 +4,9 @@ as ggml's to_float does, with and without an importance matrix, on the data sets
 quantizer tests.
 
 The grid types' search sums weight * diff^2 ~ |x|^3 in float32: beyond |x| ~ 1e12 that overflows
-and ggml aborts (GGML_ASSERT in its neighbour search, or GGML_ABORT when NaN scales leave a group off the grid). Their "huge" rows are therefore scaled into
-1e-22 .. 1e11, and a separate test shows that both ggml and we refuse larger values.
+and ggml aborts (GGML_ASSERT in its neighbour search, or GGML_ABORT when NaN scales leave a group
+off the grid). Their "huge" rows are therefore scaled into 1e-22 .. 1e11, and a separate test shows
+that both ggml and we refuse larger values.
 
 The oracle is ggml itself (tests/ggml_oracle.py); gguf-py is a second reference for decoding where
 it knows the type.
