@@ -1,19 +1,25 @@
-"""IQ2_XXS and IQ2_XS: groups of 8 magnitudes on a 256- or 512-point grid of levels 0..2, 7 sign
-bits per 8 values (even parity), as ggml's quantize_row_iq2_xxs_impl / quantize_row_iq2_xs_impl
-make them. Both need an importance matrix: ggml asserts on its absence, we refuse.
+"""IQ2_XXS, IQ2_XS and IQ2_S: groups of 8 magnitudes on a 256-, 512- or 1024-point grid of
+levels 0..2, as ggml's quantize_row_iq2_{xxs,xs,s}_impl make them. IQ2_XXS and IQ2_XS store 7 sign
+bits per 8 values (even parity) and need an importance matrix (ggml asserts on its absence, we
+refuse); IQ2_S stores 8 sign bits and works without one.
 
 The search (iq_grid_search.py), sigma2 = sum(x^2) / 256 over the super-block:
 - IQ2_XXS, blocks of 32: the first scale is make_qp_quants(levels 0..4)'s; trial scales
   (5 + 0.1 * is) / (3 * that scale) for is in -6 .. 6; then, if the scale is positive, every group
   is rounded again at it and the scale refitted. A block whose first scale is not positive stays
   empty, as one below 1e-15.
-- IQ2_XS, blocks of 16: trial scales (5 + 0.1 * is) / max for is in -9 .. 9; then the groups of
-  the winner that were off the grid are rounded again and the scale refitted.
-Super-block: d = max block scale / 31 as float16, 4-bit block scales nearest_int((scale / d - 1) / 2).
+- IQ2_XS and IQ2_S, blocks of 16: trial scales (5 + 0.1 * is) / max for is in -9 .. 9; then the
+  groups of the winner that were off the grid are rounded again and the scale refitted. IQ2_S
+  takes sigma2 = 2 * sum(x^2) / 256, weights 0.25 * sigma2 + x^2 without an imatrix, and only the
+  nearest neighbours.
+Super-block: d = max block scale / 31 as float16 (IQ2_S: d * 0.9875), 4-bit block scales
+nearest_int((scale / d - 1) / 2).
 
 Layouts (ggml-common.h): IQ2_XXS = float16 d, then per block of 32 a uint32 of four 8-bit grid
 indices and a uint32 of four 7-bit signs and the 4-bit scale at bit 28. IQ2_XS = float16 d, a
 uint16 per group (9-bit grid index, 7 sign bits above), a byte of two 4-bit scales per 32 values.
+IQ2_S = float16 d, the low 8 bits of the 32 grid indices, the 32 sign bytes, a byte of the high 2
+bits of 4 indices per 32 values, and the scales as IQ2_XS.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ggufsmith.quantize.iq_grid_search import (
     pack,
     refuse_overflow,
     search,
+    sign_bits,
     signed,
     signs_and_magnitudes,
     super_scales,
@@ -43,6 +50,8 @@ _IQ2_XXS_BLOCK = 32
 _IQ2_XS_BLOCK = 16
 _IQ2_XXS_BYTES = 2 + QK_K // 4
 _IQ2_XS_BYTES = 2 + QK_K // 4 + QK_K // 32
+_IQ2_S_BYTES = 2 + QK_K // 4 + QK_K // 16
+_IQ2_S_EPS = F32(1e-8)  # GROUP_MAX_EPS_IQ2_S
 # What levels 0, 1, 2 decode to (ggml's iq2xxs_grid / iq2xs_grid bytes); the stored scale's
 # 0.25 brings them back to the fitted values 1, 3, 5 (roughly: 8/4 = 2 * 1, 25/4 ~ 2 * 3, ...).
 _DECODED = np.array([8, 25, 43], dtype=F32)
@@ -51,17 +60,20 @@ _IQ2_XXS_SEARCH = GridSearch(lambda: iq2_grid(256), group=GROUP, bits=2, max_lev
                              trials=6, start_on_grid=False, refit_all=True, always_refit=True)
 _IQ2_XS_SEARCH = GridSearch(lambda: iq2_grid(512), group=GROUP, bits=2, max_level=2, center=5, step=0.1,
                             trials=9, start_on_grid=True, refit_all=False)
+_IQ2_S_SEARCH = GridSearch(lambda: iq2_grid(1024), group=GROUP, bits=2, max_level=2, center=5, step=0.1,
+                           trials=9, start_on_grid=True, refit_all=False)
 
 
-def _quantize_blocks(rows: np.ndarray, importance: np.ndarray, xxs: bool):
-    """(block scales [blocks], grid indices int32 [groups per block, blocks], 7-bit signs
-    [groups per block, blocks], searched blocks bool [blocks])."""
-    spec = _IQ2_XXS_SEARCH if xxs else _IQ2_XS_SEARCH
+def _quantize_blocks(rows: np.ndarray, importance: np.ndarray | None, ggml_type: GGMLType):
+    """(block scales [blocks], grid indices int32 [groups per block, blocks], sign bytes [groups per
+    block, blocks], searched blocks bool [blocks])."""
+    xxs, s = ggml_type == GGMLType.IQ2_XXS, ggml_type == GGMLType.IQ2_S
+    spec = {GGMLType.IQ2_XXS: _IQ2_XXS_SEARCH, GGMLType.IQ2_XS: _IQ2_XS_SEARCH, GGMLType.IQ2_S: _IQ2_S_SEARCH}[ggml_type]
     block = _IQ2_XXS_BLOCK if xxs else _IQ2_XS_BLOCK
-    x, weight = block_inputs(rows, importance, block, doubled_sigma2=False)
-    xval, signs = signs_and_magnitudes(x, weight, even_parity=True)
+    x, weight = block_inputs(rows, importance, block, doubled_sigma2=s, sigma2_floor=s)
+    xval, signs = signs_and_magnitudes(x, weight, even_parity=not s)
     block_max = np.maximum.reduce(xval, axis=0)
-    active = ~(block_max < GROUP_MAX_EPS)
+    active = ~(block_max < (_IQ2_S_EPS if s else GROUP_MAX_EPS))
     first_levels = np.zeros(xval.shape, dtype=np.int32)
     if xxs:  # the first scale and levels are make_qp_quants' (levels 0..4: kept only in degenerate cases)
         first_scale = np.zeros(block_max.size, dtype=F32)
@@ -79,15 +91,27 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray, xxs: bool):
         try:
             scale, levels = search(spec, weight[:, b], xval[:, b], base[b], first_scale[b], first_levels[:, b])
         except NoNeighbour:
-            raise refuse_overflow("IQ2_XXS" if xxs else "IQ2_XS") from None
+            raise refuse_overflow(ggml_type.name) from None
         negative = scale < 0  # never for finite data: as ggml
         if negative.any():
             scale = np.where(negative, -scale, scale)
-            signs[:, b[negative]] = ~signs[:, b[negative]] & 127
+            signs[:, b[negative]] = ~signs[:, b[negative]] & (255 if s else 127)
         scales[b] = scale
         index[:, b] = spec.grid().index_of[pack(spec, levels)]
     signs[:, ~active] = 0  # ggml skips an empty block before storing its signs
     return scales, index, signs, active
+
+
+def _scale_nibbles(block_levels: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """Two 4-bit block scales per byte, even blocks low; 0 where ggml stores none."""
+    low = np.where(nonzero[:, None], block_levels, 0).astype(np.uint8)
+    return low[:, 0::2] | (low[:, 1::2] << 4)
+
+
+def _nibble_scales(packed: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """ggml's d * (0.5 + nibble) * 0.25 for every block of 16, [supers, 16]."""
+    nibbles = np.stack([packed & 15, packed >> 4], axis=2).reshape(packed.shape[0], -1)
+    return d[:, None] * (F32(0.5) + nibbles.astype(F32)) * F32(0.25)
 
 
 def _decoded_values(index: np.ndarray, grid_size: int) -> np.ndarray:
@@ -99,7 +123,7 @@ def _decoded_values(index: np.ndarray, grid_size: int) -> np.ndarray:
 
 @float_warnings_off
 def _iq2_xxs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    scales, index, signs, active = _quantize_blocks(rows, importance, xxs=True)
+    scales, index, signs, active = _quantize_blocks(rows, importance, GGMLType.IQ2_XXS)
     per_super = QK_K // _IQ2_XXS_BLOCK
     d, block_levels, nonzero = super_scales(scales, active, per_super)
     n_super = d.size
@@ -135,7 +159,7 @@ def _iq2_xxs_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
 
 @float_warnings_off
 def _iq2_xs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    scales, index, signs, active = _quantize_blocks(rows, importance, xxs=False)
+    scales, index, signs, active = _quantize_blocks(rows, importance, GGMLType.IQ2_XS)
     per_super = QK_K // _IQ2_XS_BLOCK
     d, block_levels, nonzero = super_scales(scales, active, per_super)
     n_super = d.size
@@ -144,8 +168,7 @@ def _iq2_xs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndar
     out[:, :2] = fp16_bits(np.where(nonzero, d, F32(0))).view(np.uint8).reshape(-1, 2)
     out[:, 2 : 2 + QK_K // 4] = codes.view(np.uint8).reshape(n_super, -1)
     out[~nonzero, 2 : 2 + QK_K // 4] = 0
-    low = np.where(nonzero[:, None], block_levels, 0).astype(np.uint8)
-    out[:, 2 + QK_K // 4 :] = low[:, 0::2] | (low[:, 1::2] << 4)
+    out[:, 2 + QK_K // 4 :] = _scale_nibbles(block_levels, nonzero)
     return out.reshape(rows.shape[0], -1)
 
 
@@ -154,13 +177,45 @@ def _iq2_xs_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     blocks = np.ascontiguousarray(data).reshape(-1, _IQ2_XS_BYTES)
     d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
     codes = blocks[:, 2 : 2 + QK_K // 4].copy().view("<u2").reshape(-1, QK_K // 16, 2)  # [supers, 16, 2]
-    packed_scales = blocks[:, 2 + QK_K // 4 :]
-    nibbles = np.stack([packed_scales & 15, packed_scales >> 4], axis=2).reshape(-1, QK_K // 16)
-    db = d[:, None] * (F32(0.5) + nibbles.astype(F32)) * F32(0.25)
+    db = _nibble_scales(blocks[:, 2 + QK_K // 4 :], d)
     negative = even_parity_negatives(codes >> 9)
     values = db[:, :, None, None] * _decoded_values(codes & 511, 512)  # [supers, 16, 2, 8]
     return signed(values, negative).reshape(data.shape[0], row_length)
 
 
+# --- IQ2_S -------------------------------------------------------------------------------------
+
+
+@float_warnings_off
+def _iq2_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    scales, index, signs, active = _quantize_blocks(rows, importance, GGMLType.IQ2_S)
+    per_super = QK_K // _IQ2_XS_BLOCK
+    d, block_levels, nonzero = super_scales(scales, active, per_super)
+    n_super = d.size
+    index = transposed(index).reshape(n_super, QK_K // GROUP)  # group i8 = 2 * block + k
+    index[~active.reshape(n_super, per_super).repeat(2, axis=1)] = 0
+    out = np.zeros((n_super, _IQ2_S_BYTES), dtype=np.uint8)
+    out[:, :2] = fp16_bits(np.where(nonzero, d * F32(0.9875), F32(0))).view(np.uint8).reshape(-1, 2)
+    out[:, 2:34] = (index & 255).astype(np.uint8)
+    out[:, 34:66] = transposed(signs).reshape(n_super, -1)
+    high = ((index >> 8) & 3).reshape(n_super, QK_K // 32, 4) << (2 * np.arange(4))
+    out[:, 66:74] = high.sum(axis=2).astype(np.uint8)
+    out[:, 74:82] = _scale_nibbles(block_levels, nonzero)
+    return out.reshape(rows.shape[0], -1)
+
+
+@float_warnings_off
+def _iq2_s_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
+    blocks = np.ascontiguousarray(data).reshape(-1, _IQ2_S_BYTES)
+    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    high = (blocks[:, 66:74, None].astype(np.int32) >> (2 * np.arange(4))) & 3  # [supers, 8, 4]
+    index = blocks[:, 2:34].astype(np.int32) | (high.reshape(-1, QK_K // GROUP) << 8)
+    db = _nibble_scales(blocks[:, 74:82], d)  # [supers, 16]
+    negative = sign_bits(blocks[:, 34:66]).reshape(-1, QK_K // 16, 2, 8)
+    values = db[:, :, None, None] * _decoded_values(index, 1024).reshape(-1, QK_K // 16, 2, 8)
+    return signed(values, negative).reshape(data.shape[0], row_length)
+
+
 register(QuantFormat(GGMLType.IQ2_XXS, _iq2_xxs_quantize, _iq2_xxs_dequantize, supports_importance=True, requires_importance=True))
 register(QuantFormat(GGMLType.IQ2_XS, _iq2_xs_quantize, _iq2_xs_dequantize, supports_importance=True, requires_importance=True))
+register(QuantFormat(GGMLType.IQ2_S, _iq2_s_quantize, _iq2_s_dequantize, supports_importance=True))

@@ -57,16 +57,22 @@ def refuse_overflow(type_name: str) -> QuantizationError:
     )
 
 
-def block_inputs(rows: np.ndarray, importance: np.ndarray | None, block: int, doubled_sigma2: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(position-major x [block, blocks], weights [block, blocks]). sigma2 is 2 * sum(x^2) / 256
-    (IQ3) or sum(x^2) / 256 (IQ2) over the super-block, summed in order."""
+def block_inputs(
+    rows: np.ndarray, importance: np.ndarray | None, block: int, doubled_sigma2: bool, sigma2_floor: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(position-major x [block, blocks], weights [block, blocks]). With an imatrix the weights are
+    imatrix * sqrt(sigma2 + x^2), sigma2 = 2 * sum(x^2) / 256 (doubled_sigma2, IQ3 and IQ2_S) or
+    sum(x^2) / 256 over the super-block, summed in order; without, x^2, or 0.25 * sigma2 + x^2
+    with sigma2_floor (IQ2_S)."""
     x = position_major(rows, block)
-    if importance is None:
+    if importance is None and not sigma2_floor:
         return x, x * x
     columns = position_major(rows, QK_K)
     sum_x2 = sum_from_zero(columns * columns)
     sigma2 = (F32(2) * sum_x2 if doubled_sigma2 else sum_x2) / F32(QK_K)
     sigma2 = np.repeat(sigma2, QK_K // block)
+    if importance is None:
+        return x, F32(0.25) * sigma2 + x * x
     return x, importance_by_position(importance, block, rows.shape[0]) * np.sqrt(sigma2 + x * x)
 
 
