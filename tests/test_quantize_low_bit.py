@@ -1,5 +1,5 @@
 """The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S / IQ2_XXS /
-IQ2_XS / IQ2_S, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer
+IQ2_XS / IQ2_S / IQ1_S, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer
 and decode bit for bit as ggml's to_float does, with and without an importance matrix, on the data
 sets of the other quantizer tests.
 
@@ -38,7 +38,7 @@ from tests.quant_checks import (
 from tests.quant_data import model_weight_rows, quant_cases
 
 # ggml refuses to quantize these without an imatrix.
-REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS]
+REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S]
 GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S] + REQUIRES_IMPORTANCE
 # These use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
 USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES

@@ -30,6 +30,7 @@ from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.iq_grid_search import (
     GridSearch,
     NoNeighbour,
+    assert_scales_valid,
     block_inputs,
     even_parity_negatives,
     pack,
@@ -96,6 +97,7 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray | None, ggml_type:
         if negative.any():
             scale = np.where(negative, -scale, scale)
             signs[:, b[negative]] = ~signs[:, b[negative]] & (255 if s else 127)
+        assert_scales_valid(scale, ggml_type.name)
         scales[b] = scale
         index[:, b] = spec.grid().index_of[pack(spec, levels)]
     signs[:, ~active] = 0  # ggml skips an empty block before storing its signs

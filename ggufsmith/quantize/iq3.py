@@ -20,6 +20,7 @@ from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.iq_grid_search import (
     GridSearch,
     NoNeighbour,
+    assert_scales_valid,
     block_inputs,
     even_parity_negatives,
     pack,
@@ -74,6 +75,7 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray | None, iq3_s: boo
         if negative.any():
             scale = np.where(negative, -scale, scale)
             signs[:, b[negative]] = ~signs[:, b[negative]] & (255 if iq3_s else 127)
+        assert_scales_valid(scale, "IQ3_S" if iq3_s else "IQ3_XXS")
         scales[b] = scale
         index[:, b] = spec.grid().index_of[pack(spec, levels)]
     return scales, index, signs, active

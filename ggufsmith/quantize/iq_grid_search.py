@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,6 +56,13 @@ def refuse_overflow(type_name: str) -> QuantizationError:
         f"{type_name} cannot quantize values this large (|x| above ~1e12 overflows the float32 errors of its "
         "grid search, and ggml aborts on them too); scale the tensor down or choose another type"
     )
+
+
+def assert_scales_valid(scale: np.ndarray, type_name: str) -> None:
+    """ggml's GGML_ASSERT(scale >= 0) at the end of every block: a NaN scale (float32 overflow in
+    the sums, for |x| beyond ~1e12) aborts it; we refuse."""
+    if not (scale >= 0).all():
+        raise refuse_overflow(type_name)
 
 
 def block_inputs(
@@ -114,30 +122,51 @@ def _round_levels(spec: GridSearch, xval: np.ndarray, inverse: np.ndarray) -> np
     return levels
 
 
+class Candidates(NamedTuple):
+    """The neighbour lists of n off-grid groups laid end to end (groups have from 1 to ~70
+    neighbours: padding to the longest would do several times the work)."""
+
+    points: np.ndarray  # grid indices, flat
+    counts: np.ndarray  # [n]
+    first: np.ndarray  # [n]: each group's first candidate in `points`
+    local: np.ndarray  # rank of each candidate within its group
+
+    def per_candidate(self, per_group: np.ndarray) -> np.ndarray:
+        return np.repeat(per_group, self.counts)
+
+
+def candidates_of(tables: GridTables, packed: np.ndarray) -> Candidates:
+    counts = tables.neighbour_counts[packed]
+    first = np.cumsum(counts) - counts
+    local = np.arange(int(first[-1] + counts[-1])) - np.repeat(first, counts)
+    points = tables.neighbours[np.repeat(tables.neighbour_starts[packed], counts) + local]
+    return Candidates(points, counts, first, local)
+
+
+def first_least(candidates: Candidates, error: np.ndarray) -> np.ndarray:
+    """Per group, the candidate of least error, the first of equals, as ggml's `if (d2 < best)`
+    from FLT_MAX; raises NoNeighbour where no error is finite (ggml aborts)."""
+    error[np.isnan(error)] = np.inf
+    least = np.minimum.reduceat(error, candidates.first)
+    if not np.isfinite(least).all():
+        raise NoNeighbour
+    position = np.where(error == candidates.per_candidate(least), candidates.local, np.iinfo(np.int64).max)
+    return candidates.points[candidates.first + np.minimum.reduceat(position, candidates.first)]
+
+
 def _best_neighbours(spec: GridSearch, packed: np.ndarray, xval: list[np.ndarray], waux: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
     """Grid index of ggml's find_best_neighbour for off-grid groups: packed [n], xval and waux as
     `group` vectors [n] (one per coordinate), scale [n]. The neighbour of least
-    sum(waux * diff * diff), diff = scale * q - xval, summed in order; the first of equals.
-
-    All candidates of all groups form one flat vector (groups have from 1 to ~40 neighbours:
-    padding to the longest would do several times the work), reduced per group with reduceat."""
+    sum(waux * diff * diff), diff = scale * q - xval, summed in order."""
     tables = spec.grid()
-    counts = tables.neighbour_counts[packed]
-    first = np.cumsum(counts) - counts  # each group's first candidate in the flat vector
-    local = np.arange(int(first[-1] + counts[-1])) - np.repeat(first, counts)
-    candidates = tables.neighbours[np.repeat(tables.neighbour_starts[packed], counts) + local]
-    s = np.repeat(scale, counts)
-    error = np.zeros(candidates.size, dtype=F32)
+    candidates = candidates_of(tables, packed)
+    s = candidates.per_candidate(scale)
+    error = np.zeros(candidates.points.size, dtype=F32)
     for i in range(spec.group):
-        diff = s * tables.values_by_coordinate[i].take(candidates)
-        diff -= np.repeat(xval[i], counts)
-        error += (np.repeat(waux[i], counts) * diff) * diff
-    error[np.isnan(error)] = np.inf
-    least = np.minimum.reduceat(error, first)
-    if not np.isfinite(least).all():
-        raise NoNeighbour
-    position = np.where(error == np.repeat(least, counts), local, np.iinfo(np.int64).max)
-    return candidates[first + np.minimum.reduceat(position, first)]
+        diff = s * tables.values_by_coordinate[i].take(candidates.points)
+        diff -= candidates.per_candidate(xval[i])
+        error += (candidates.per_candidate(waux[i]) * diff) * diff
+    return first_least(candidates, error)
 
 
 def _onto_grid(
@@ -215,9 +244,11 @@ def search(
     return scale, levels
 
 
-def super_scales(scales: np.ndarray, active: np.ndarray, per_super: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(d = max_scale / 31 per super-block; 4-bit block scales nearest_int((scale / d - 1) / 2) in
-    0..15, [supers, per_super]; whether max_scale is non-zero, ggml storing nothing if not).
+def super_scales(
+    scales: np.ndarray, active: np.ndarray, per_super: int, top: int = 15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(d = max_scale / (2 * top + 1) per super-block; block scales nearest_int((scale / d - 1) / 2)
+    in 0..top, [supers, per_super]; whether max_scale is non-zero, ggml storing nothing if not).
     max_scale is MAX(max_scale, scale) over the active blocks in order: a NaN scale is replaced by
     the next one."""
     by_super = scales.reshape(-1, per_super)
@@ -226,8 +257,8 @@ def super_scales(scales: np.ndarray, active: np.ndarray, per_super: int) -> tupl
     for ib in range(per_super):
         s = by_super[:, ib]
         max_scale = np.where(act[:, ib] & ~(max_scale > s), s, max_scale)
-    d = max_scale / F32(31)
-    levels = np.clip(nearest_int(F32(0.5) * ((F32(1) / d)[:, None] * by_super - F32(1))), 0, 15)
+    d = max_scale / F32(2 * top + 1)
+    levels = np.clip(nearest_int(F32(0.5) * ((F32(1) / d)[:, None] * by_super - F32(1))), 0, top)
     return d, levels, max_scale != 0
 
 
