@@ -141,3 +141,49 @@ def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, .
              model_dir, timeout=1800)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]
+
+
+def gguf_contents(path: Path) -> tuple[dict, dict]:
+    """(keys -> values, tensor name -> (shape, type, bytes)) of a GGUF file, read by gguf-py."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), np.asarray(t.data).tobytes())
+               for t in reader.tensors}
+    return fields, tensors
+
+
+def assert_same_file(ours: Path, theirs: Path, key_differences: dict[str, str]) -> None:
+    """Same keys and values (floats to 1e-6), same tensors in the same order with the same shapes,
+    types and bytes — apart from the keys in `key_differences` (key -> the reason it differs).
+    Q8_0 data may differ by one quant on an exact .5 tie: gguf-py rounds halves to even where ggml
+    (and ggufsmith) round them away from zero."""
+    import gguf
+    import numpy as np
+
+    ours_k, ours_t = gguf_contents(ours)
+    theirs_k, theirs_t = gguf_contents(theirs)
+    only_one = sorted(set(ours_k) ^ set(theirs_k))
+    assert only_one == sorted(k for k in key_differences if (k in ours_k) != (k in theirs_k)), \
+        f"keys in one file only: ours {sorted(set(ours_k) - set(theirs_k))}, theirs {sorted(set(theirs_k) - set(ours_k))}"
+    for key in theirs_k:
+        if key in ours_k and key not in key_differences:
+            a, b = ours_k[key], theirs_k[key]
+            if isinstance(b, float):
+                assert a == pytest.approx(b, rel=1e-6), key
+            else:
+                assert a == b, key
+    assert list(ours_t) == list(theirs_t)  # same names, same order
+    for name, (shape, ttype, data) in theirs_t.items():
+        o_shape, o_type, o_data = ours_t[name]
+        assert (o_shape, o_type, len(o_data)) == (shape, ttype, len(data)), name
+        if ttype == int(gguf.GGMLQuantizationType.Q8_0):
+            a = np.frombuffer(o_data, np.uint8).reshape(-1, 34)
+            b = np.frombuffer(data, np.uint8).reshape(-1, 34)
+            assert (a[:, :2] == b[:, :2]).all(), name  # same scales
+            diff = np.abs(a[:, 2:].view(np.int8).astype(int) - b[:, 2:].view(np.int8).astype(int))
+            assert diff.max() <= 1 and (diff > 0).mean() < 1e-3, name
+        else:
+            assert o_data == data, name

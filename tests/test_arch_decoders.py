@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ggufsmith.arch.tensors import gguf_name
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGUFValueType
@@ -134,7 +135,7 @@ def test_gptj_file_holds_the_checkpoint_weights_unchanged(gptj_dir, tmp_path, ou
     hf = {k: v.numpy() for k, v in model.state_dict().items()}
     keys, tensors = read_gguf(convert(gptj_dir, tmp_path / "gptj.gguf", outtype))
     plugin = plugin_for(gptj_dir)
-    table = {gguf_name.format(bid=b): hf_name.format(bid=b) for hf_name, gguf_name in plugin.tensor_names.items() for b in range(2)}
+    table = {gguf_name(entry).format(bid=b): hf_name.format(bid=b) for hf_name, entry in plugin.tensor_names.items() for b in range(2)}
     assert len(tensors) == len(hf)
     for name, (data, ggml_type) in tensors.items():
         expected = hf[table[name]]

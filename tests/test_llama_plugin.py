@@ -112,14 +112,14 @@ def test_llama_family_classes_use_the_llama_plugin(hf_class):
 def test_unsupported_rope_scaling_is_a_clear_error():
     from ggufsmith.errors import ConversionError
 
-    with pytest.raises(ConversionError, match=r"model/config.json: rope type 'longrope' is not supported"):
+    with pytest.raises(ConversionError, match=r"model/config.json rope_parameters: rope type 'longrope' is not supported"):
         _plugin(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}).metadata()
 
 
 def test_llama3_rope_without_its_parameters_is_a_clear_error():
     from ggufsmith.errors import ConversionError
 
-    with pytest.raises(ConversionError, match="'llama3' needs 'low_freq_factor'"):
+    with pytest.raises(ConversionError, match="rope_parameters: low_freq_factor is not set"):
         _plugin(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}).extra_tensors()
 
 

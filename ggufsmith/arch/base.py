@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ggufsmith.constants import GGUFValueType, arch_key
+from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
-from ggufsmith.errors import ConversionError
+from ggufsmith.errors import ConversionError, GGUFError
 from ggufsmith.gguf_writer.metadata import Metadata
 
 class ArchKeys:
@@ -34,15 +35,25 @@ class ArchKeys:
         self.arch = arch
 
     def _add(self, template: str, value: Any, vtype: GGUFValueType) -> None:
-        if value is not None:
-            self.metadata.add(arch_key(template, self.arch), value, vtype)
+        if value is None:
+            return
+        key = arch_key(template, self.arch)
+        origin = getattr(value, "origin", None)  # a ConfigInt names its config key
+        try:
+            self.metadata.add(key, value, vtype)
+        except GGUFError as e:
+            if origin is None:
+                raise
+            raise ConversionError(f"{value.file}: {origin} = {int(value)} does not fit {key} ({vtype.name})") from None
+        if origin:
+            self.metadata.origins[key] = origin
 
     def u32(self, template: str, value: int | None) -> None:
-        self._add(template, None if value is None else int(value), GGUFValueType.UINT32)
+        self._add(template, _integral(value), GGUFValueType.UINT32)
 
     def u64(self, template: str, value: int | None) -> None:
         """For keys the spec types as uint64 where no llama.cpp reader insists on uint32 (rwkv, whisper)."""
-        self._add(template, None if value is None else int(value), GGUFValueType.UINT64)
+        self._add(template, _integral(value), GGUFValueType.UINT64)
 
     def f32(self, template: str, value: float | None) -> None:
         self._add(template, None if value is None else float(value), GGUFValueType.FLOAT32)
@@ -52,6 +63,13 @@ class ArchKeys:
 
     def string(self, template: str, value: str | None) -> None:
         self._add(template, value, GGUFValueType.STRING)
+
+
+def _integral(value: Any) -> Any:
+    """Integers as they are (a ConfigInt keeps its origin); whole floats (4096.0) as ints."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,7 +88,9 @@ class Architecture:
     hf_classes: ClassVar[tuple[str, ...]] = ()  # config.json "architectures" values claimed
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
     tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
-    tensor_names: ClassVar[dict[str, str]] = {}  # HF pattern -> GGUF pattern
+    # HF pattern -> GGUF tensor: a T declaring its GGUF name pattern and the shape llama.cpp loads it
+    # with (checked before anything is written; see arch/tensors.py), or just the GGUF name.
+    tensor_names: ClassVar[dict[str, str | T]] = {}
     ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
     # Regex of the HF output-head tensor that is dropped when config.json ties it to the token
@@ -85,6 +105,17 @@ class Architecture:
     def metadata(self) -> Metadata:
         """The `{arch}.*` keys (not general.* nor tokenizer.*, which the pipeline writes)."""
         raise NotImplementedError(f"{type(self).__name__} must implement metadata()")
+
+    def dims(self) -> dict[str, Any]:
+        """Dimensions the tensor shapes use beyond those read from the metadata (tensors.model_dims)."""
+        return {}
+
+    def check(self, mapped: list[MappedTensor], metadata: Metadata) -> None:
+        """Refuse a model llama.cpp would not load: a declared tensor missing, of the wrong shape,
+        in a block past the block count, or not part of this model (see arch/tensors.py)."""
+        dims = model_dims(metadata, self.name, self.dims())
+        check_model(self.name, self.tensor_names, [(m.name, m.tensor.shape, m.sources) for m in mapped], dims,
+                    self.config.label)
 
     # -- question 4 -----------------------------------------------------------------------
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
@@ -163,9 +194,10 @@ class Architecture:
         )
 
 
-def _compile_patterns(table: Mapping[str, str]) -> list[tuple[re.Pattern, str]]:
+def _compile_patterns(table: Mapping[str, str | T]) -> list[tuple[re.Pattern, str]]:
     compiled = []
-    for hf_pattern, gguf_pattern in table.items():
+    for hf_pattern, entry in table.items():
+        gguf_pattern = gguf_name(entry)
         regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
         compiled.append((re.compile(regex), gguf_pattern))
     return compiled

@@ -10,7 +10,11 @@ names with "transformer."; BloomModel ones (bigscience/bloom-560m) do not: both 
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import regroup_qkv, reject, weights_and_biases
+from ggufsmith.arch.common import (
+    ATTN_NORM, ATTN_OUTPUT, ATTN_QKV, FFN_DOWN, FFN_NORM, FFN_UP, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, regroup_qkv, reject,
+    weights_and_biases,
+)
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -19,17 +23,11 @@ from ggufsmith.gguf_writer.metadata import Metadata
 DEFAULT_CONTEXT_LENGTH = 2048
 
 _NAMES = {
-    "word_embeddings.weight": "token_embd.weight",
-    **weights_and_biases({"word_embeddings_layernorm": "token_embd_norm", "ln_f": "output_norm"}),
+    "word_embeddings.weight": TOKEN_EMBD,
+    **weights_and_biases({"word_embeddings_layernorm": T("token_embd_norm", "n_embd"), "ln_f": OUTPUT_NORM}),
     **weights_and_biases(
-        {
-            "input_layernorm": "attn_norm",
-            "self_attention.query_key_value": "attn_qkv",
-            "self_attention.dense": "attn_output",
-            "post_attention_layernorm": "ffn_norm",
-            "mlp.dense_h_to_4h": "ffn_up",
-            "mlp.dense_4h_to_h": "ffn_down",
-        },
+        {"input_layernorm": ATTN_NORM, "self_attention.query_key_value": ATTN_QKV, "self_attention.dense": ATTN_OUTPUT,
+         "post_attention_layernorm": FFN_NORM, "mlp.dense_h_to_4h": FFN_UP, "mlp.dense_4h_to_h": FFN_DOWN},
         hf_prefix="h.{bid}.",
         gguf_prefix="blk.{bid}.",
     ),
@@ -43,18 +41,18 @@ class Bloom(Architecture):
     tokenizer_kind = "gpt2"
     tied_output_head = r"lm_head\.weight"
     tensor_names = {
-        "lm_head.weight": "output.weight",
+        "lm_head.weight": OUTPUT,
         **{f"transformer.{hf}": gguf for hf, gguf in _NAMES.items()},
         **_NAMES,
     }
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        self.n_head = config.get("n_head", "num_attention_heads")
-        self.hidden_size = config.get("hidden_size", "n_embed")
+        self.n_head = config.get_int("n_head", "num_attention_heads", min=1)
+        self.hidden_size = config.get_int("hidden_size", "n_embed", min=1)
         reject(
             config,
-            config.get("apply_residual_connection_post_layernorm", default=False),
+            config.get_bool("apply_residual_connection_post_layernorm", default=False),
             "apply_residual_connection_post_layernorm is set",
         )
 
@@ -62,13 +60,13 @@ class Bloom(Architecture):
         c = self.config
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("seq_length", default=DEFAULT_CONTEXT_LENGTH))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("seq_length", default=DEFAULT_CONTEXT_LENGTH, min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, self.hidden_size)
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 4 * self.hidden_size)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("n_layer", "num_hidden_layers"))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("n_layer", "num_hidden_layers", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head)
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon"))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", min=0))
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

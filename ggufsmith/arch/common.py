@@ -10,10 +10,9 @@ query per group (n_head_kv == n_head).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
+from ggufsmith.arch.tensors import T
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
@@ -46,25 +45,6 @@ def transposed(tensor: LazyTensor) -> LazyTensor:
     return tensor.map(lambda a: np.ascontiguousarray(a.T), shape=tensor.shape[::-1])
 
 
-def rope_parameters(config: HFConfig, *legacy_theta_names: str) -> dict[str, Any]:
-    """The rope settings of a config.json: transformers >= 5 writes them in `rope_parameters`,
-    older configs as top-level keys (`rope_theta`, or an architecture's own name for it)."""
-    params = dict(config.get("rope_parameters", "rope_scaling", default=None) or {})
-    if "rope_theta" not in params:
-        theta = config.get("rope_theta", *legacy_theta_names, default=None)
-        if theta is not None:
-            params["rope_theta"] = theta
-    return params
-
-
-def unscaled_rope_theta(config: HFConfig, *legacy_theta_names: str) -> float | None:
-    """The rope base frequency of an architecture converted without rope scaling (None: default)."""
-    params = rope_parameters(config, *legacy_theta_names)
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    reject(config, rope_type != "default", f"rope scaling {rope_type!r} is set")
-    return params.get("rope_theta")
-
-
 def reject(config: HFConfig, condition: bool, what: str) -> None:
     """A clear error for a config variant that llama.cpp's graph for this architecture cannot run:
     converting it anyway would give a file that loads and computes something else."""
@@ -72,11 +52,37 @@ def reject(config: HFConfig, condition: bool, what: str) -> None:
         raise ConversionError(f"{config.path}: {what}, which llama.cpp cannot run for this architecture")
 
 
-def weights_and_biases(table: dict[str, str], hf_prefix: str = "", gguf_prefix: str = "") -> dict[str, str]:
-    """{"ln_1": "attn_norm"} -> {"<hf_prefix>ln_1.weight": "<gguf_prefix>attn_norm.weight", ... .bias}.
-    A bias the checkpoint does not have simply matches nothing."""
-    return {
-        f"{hf_prefix}{hf}.{kind}": f"{gguf_prefix}{gguf}.{kind}"
-        for hf, gguf in table.items()
-        for kind in ("weight", "bias")
-    }
+def weights_and_biases(table: dict[str, T | str], hf_prefix: str = "", gguf_prefix: str = "",
+                       biases: str = "required") -> dict[str, T | str]:
+    """{"ln_1": T("attn_norm", "n_embd")} -> {"<hf_prefix>ln_1.weight": T("<gguf_prefix>attn_norm.weight",
+    "n_embd"), "<hf_prefix>ln_1.bias": T("<gguf_prefix>attn_norm.bias", "n_embd")}: a bias is as long
+    as its weight's rows. biases: "required" (as the weight), "optional" (llama.cpp does without),
+    "none" (not mapped: a bias in the checkpoint is then an unknown tensor). Plain strings for the
+    GGUF stem map names without declaring shapes."""
+    out: dict[str, T | str] = {}
+    for hf, entry in table.items():
+        if isinstance(entry, str):
+            out[f"{hf_prefix}{hf}.weight"] = f"{gguf_prefix}{entry}.weight"
+            if biases != "none":
+                out[f"{hf_prefix}{hf}.bias"] = f"{gguf_prefix}{entry}.bias"
+            continue
+        out[f"{hf_prefix}{hf}.weight"] = T(f"{gguf_prefix}{entry.name}.weight", *entry.shape,
+                                            optional=entry.optional, when=entry.when)
+        if biases != "none":
+            out[f"{hf_prefix}{hf}.bias"] = T(f"{gguf_prefix}{entry.name}.bias", entry.shape[0],
+                                              optional=entry.optional or biases == "optional", when=entry.when)
+    return out
+
+
+# The classic fused-qkv transformer block (GPT-2, GPT-NeoX, BLOOM, MPT, Falcon): GGUF stems and the
+# weight shapes llama.cpp loads them with, for weights_and_biases tables.
+QKV_ROWS = "n_embd + 2 * n_head_kv * head_dim"
+ATTN_NORM = T("attn_norm", "n_embd")
+ATTN_QKV = T("attn_qkv", QKV_ROWS, "n_embd")
+ATTN_OUTPUT = T("attn_output", "n_embd", "n_embd")
+FFN_NORM = T("ffn_norm", "n_embd")
+FFN_UP = T("ffn_up", "n_ff", "n_embd")
+FFN_DOWN = T("ffn_down", "n_embd", "n_ff")
+OUTPUT_NORM = T("output_norm", "n_embd")
+TOKEN_EMBD = T("token_embd.weight", "n_vocab", "n_embd")
+OUTPUT = T("output.weight", "n_vocab", "n_embd", optional=True)  # llama.cpp falls back to token_embd

@@ -21,7 +21,12 @@ variants (falcon-rw) are refused rather than converted into a file that computes
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import regroup_qkv, reject, unscaled_rope_theta, weights_and_biases
+from ggufsmith.arch.common import (
+    ATTN_NORM, ATTN_OUTPUT, ATTN_QKV, FFN_DOWN, FFN_UP, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, regroup_qkv, reject,
+    weights_and_biases,
+)
+from ggufsmith.arch.rope import Rope
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -30,6 +35,7 @@ from ggufsmith.gguf_writer.metadata import Metadata
 JPLOSKI_LAYOUT = "jploski"
 # Falcon's configs before transformers added max_position_embeddings: all models were trained on 2048.
 DEFAULT_CONTEXT_LENGTH = 2048
+_LAYER, _BLOCK = "transformer.h.{bid}.", "blk.{bid}."
 
 
 class Falcon(Architecture):
@@ -39,42 +45,41 @@ class Falcon(Architecture):
     tokenizer_kind = "gpt2"
     tied_output_head = r"lm_head\.weight"
     tensor_names = {
-        "transformer.word_embeddings.weight": "token_embd.weight",
-        "lm_head.weight": "output.weight",
-        **weights_and_biases({"transformer.ln_f": "output_norm"}),
+        "transformer.word_embeddings.weight": TOKEN_EMBD,
+        "lm_head.weight": OUTPUT,
+        **weights_and_biases({"transformer.ln_f": OUTPUT_NORM}),
         **weights_and_biases(
-            {
-                "input_layernorm": "attn_norm",
-                "ln_mlp": "attn_norm",
-                "ln_attn": "attn_norm_2",
-                "self_attention.query_key_value": "attn_qkv",
-                "self_attention.dense": "attn_output",
-                "mlp.dense_h_to_4h": "ffn_up",
-                "mlp.dense_4h_to_h": "ffn_down",
-            },
-            hf_prefix="transformer.h.{bid}.",
-            gguf_prefix="blk.{bid}.",
+            {"input_layernorm": ATTN_NORM, "ln_mlp": ATTN_NORM, "ln_attn": T("attn_norm_2", "n_embd", optional=True)},
+            hf_prefix=_LAYER, gguf_prefix=_BLOCK,
+        ),
+        # bias-free Linear layers (a config with bias=true is refused)
+        **weights_and_biases(
+            {"self_attention.query_key_value": ATTN_QKV, "self_attention.dense": ATTN_OUTPUT,
+             "mlp.dense_h_to_4h": FFN_UP, "mlp.dense_4h_to_h": FFN_DOWN},
+            hf_prefix=_LAYER, gguf_prefix=_BLOCK, biases="none",
         ),
     }
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        self.n_head = config.get("num_attention_heads", "n_head")
-        self.hidden_size = config.get("hidden_size", "n_embed")
+        self.rope = Rope(config)
+        self.rope.require_unscaled()
+        self.n_head = config.get_int("num_attention_heads", "n_head", min=1)
+        self.hidden_size = config.get_int("hidden_size", "n_embed", min=1)
         self.head_dim = self.hidden_size // self.n_head
-        new_decoder = config.get(
+        new_decoder = config.get_bool(
             "new_decoder_architecture",
             default=config.model_type == "RefinedWeb" or "n_head_kv" in config,
         )
         if new_decoder:
-            self.n_head_kv = config.get("num_kv_heads", "n_head_kv")
+            self.n_head_kv = config.get_int("num_kv_heads", "n_head_kv", min=1)
         else:
-            self.n_head_kv = 1 if config.get("multi_query", default=True) else self.n_head
-        reject(config, bool(config.get("alibi", default=False)), "alibi is set (a falcon-rw model)")
-        reject(config, bool(config.get("bias", default=False)), "bias is set (Linear layers with biases)")
+            self.n_head_kv = 1 if config.get_bool("multi_query", default=True) else self.n_head
+        reject(config, config.get_bool("alibi", default=False), "alibi is set (a falcon-rw model)")
+        reject(config, config.get_bool("bias", default=False), "bias is set (Linear layers with biases)")
         reject(
             config,
-            not new_decoder and not config.get("parallel_attn", default=True),
+            not new_decoder and not config.get_bool("parallel_attn", default=True),
             "parallel_attn is false (attention and MLP in sequence)",
         )
 
@@ -82,18 +87,18 @@ class Falcon(Architecture):
         c = self.config
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("max_position_embeddings", default=DEFAULT_CONTEXT_LENGTH))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", default=DEFAULT_CONTEXT_LENGTH))
         keys.string(Keys.LLM.TENSOR_DATA_LAYOUT, JPLOSKI_LAYOUT)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, self.hidden_size)
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get("ffn_hidden_size", default=4 * self.hidden_size))
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("num_hidden_layers", "n_layer"))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("ffn_hidden_size", default=4 * self.hidden_size, min=1))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", "n_layer", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon"))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", min=0))
         # Required by the spec, which does not define it, and read by no executor we know of:
         # Falcon layer-normalizes the attention input, so true.
         keys.bool(Keys.Attention.USE_NORM, True)
-        keys.f32(Keys.Rope.FREQ_BASE, unscaled_rope_theta(c))
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

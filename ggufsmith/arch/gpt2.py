@@ -12,24 +12,22 @@ from __future__ import annotations
 import re
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import reject, transposed, weights_and_biases
+from ggufsmith.arch.common import (
+    ATTN_NORM, ATTN_OUTPUT, ATTN_QKV, FFN_DOWN, FFN_NORM, FFN_UP, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, reject, transposed,
+    weights_and_biases,
+)
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.gguf_writer.metadata import Metadata
 
 _NAMES = {
-    "wte.weight": "token_embd.weight",
-    "wpe.weight": "position_embd.weight",
-    **weights_and_biases({"ln_f": "output_norm"}),
+    "wte.weight": TOKEN_EMBD,
+    "wpe.weight": T("position_embd.weight", "n_ctx", "n_embd"),
+    **weights_and_biases({"ln_f": OUTPUT_NORM}),
     **weights_and_biases(
-        {
-            "ln_1": "attn_norm",
-            "attn.c_attn": "attn_qkv",
-            "attn.c_proj": "attn_output",
-            "ln_2": "ffn_norm",
-            "mlp.c_fc": "ffn_up",
-            "mlp.c_proj": "ffn_down",
-        },
+        {"ln_1": ATTN_NORM, "attn.c_attn": ATTN_QKV, "attn.c_proj": ATTN_OUTPUT,
+         "ln_2": FFN_NORM, "mlp.c_fc": FFN_UP, "mlp.c_proj": FFN_DOWN},
         hf_prefix="h.{bid}.",
         gguf_prefix="blk.{bid}.",
     ),
@@ -44,7 +42,7 @@ class GPT2(Architecture):
     tokenizer_kind = "gpt2"
     tied_output_head = r"lm_head\.weight"
     tensor_names = {
-        "lm_head.weight": "output.weight",
+        "lm_head.weight": OUTPUT,
         **{f"transformer.{hf}": gguf for hf, gguf in _NAMES.items()},
         **_NAMES,
     }
@@ -55,20 +53,20 @@ class GPT2(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        reject(config, config.get("scale_attn_by_inverse_layer_idx", default=False), "scale_attn_by_inverse_layer_idx is set")
-        reject(config, not config.get("scale_attn_weights", default=True), "scale_attn_weights is false")
+        reject(config, config.get_bool("scale_attn_by_inverse_layer_idx", default=False), "scale_attn_by_inverse_layer_idx is set")
+        reject(config, not config.get_bool("scale_attn_weights", default=True), "scale_attn_weights is false")
 
     def metadata(self) -> Metadata:
         c = self.config
-        n_embd = c.get("n_embd", "hidden_size")
+        n_embd = c.get_int("n_embd", "hidden_size", min=1)
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("n_layer", "num_hidden_layers"))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("n_positions", "n_ctx", "max_position_embeddings"))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("n_layer", "num_hidden_layers", min=1))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("n_positions", "n_ctx", "max_position_embeddings", min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, n_embd)
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get("n_inner", default=4 * n_embd))
-        keys.u32(Keys.Attention.HEAD_COUNT, c.get("n_head", "num_attention_heads"))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon"))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("n_inner", default=4 * n_embd, min=1))
+        keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("n_head", "num_attention_heads", min=1))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", min=0))
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

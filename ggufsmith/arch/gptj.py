@@ -10,9 +10,13 @@ are written as they are: every tensor keeps the checkpoint's layout ("reference"
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
-from ggufsmith.arch.common import weights_and_biases
+from ggufsmith.arch.common import ATTN_NORM, ATTN_OUTPUT, FFN_DOWN, FFN_UP, OUTPUT_NORM, TOKEN_EMBD, weights_and_biases
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.gguf_writer.metadata import Metadata
+
+
+_LAYER, _BLOCK = "transformer.h.{bid}.", "blk.{bid}."
 
 
 class GPTJ(Architecture):
@@ -21,20 +25,13 @@ class GPTJ(Architecture):
     model_types = ("gptj",)
     tokenizer_kind = "gpt2"
     tensor_names = {
-        "transformer.wte.weight": "token_embd.weight",
-        **weights_and_biases({"transformer.ln_f": "output_norm", "lm_head": "output"}),
-        **weights_and_biases(
-            {
-                "ln_1": "attn_norm",
-                "attn.q_proj": "attn_q",
-                "attn.k_proj": "attn_k",
-                "attn.v_proj": "attn_v",
-                "attn.out_proj": "attn_output",
-                "mlp.fc_in": "ffn_up",
-                "mlp.fc_out": "ffn_down",
-            },
-            hf_prefix="transformer.h.{bid}.",
-            gguf_prefix="blk.{bid}.",
+        "transformer.wte.weight": TOKEN_EMBD,
+        **weights_and_biases({"transformer.ln_f": OUTPUT_NORM, "lm_head": T("output", "n_vocab", "n_embd")}),
+        **weights_and_biases({"ln_1": ATTN_NORM, "mlp.fc_in": FFN_UP, "mlp.fc_out": FFN_DOWN}, _LAYER, _BLOCK),
+        **weights_and_biases(  # GPT-J's attention projections have no biases
+            {"attn.q_proj": T("attn_q", "n_embd", "n_embd"), "attn.k_proj": T("attn_k", "n_embd", "n_embd"),
+             "attn.v_proj": T("attn_v", "n_embd", "n_embd"), "attn.out_proj": ATTN_OUTPUT},
+            _LAYER, _BLOCK, biases="none",
         ),
     }
     # Buffers older transformers saved with the weights: the causal mask and the rotary table.
@@ -42,15 +39,15 @@ class GPTJ(Architecture):
 
     def metadata(self) -> Metadata:
         c = self.config
-        n_embd = c.get("n_embd", "hidden_size")
-        n_head = c.get("n_head", "num_attention_heads")
+        n_embd = c.get_int("n_embd", "hidden_size", min=1)
+        n_head = c.get_int("n_head", "num_attention_heads", min=1)
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("n_positions", "max_position_embeddings"))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("n_positions", "max_position_embeddings", min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, n_embd)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("n_layer", "num_hidden_layers"))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get("n_inner", default=4 * n_embd))
-        keys.u32(Keys.Rope.DIMENSION_COUNT, c.get("rotary_dim", default=n_embd // n_head))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("n_layer", "num_hidden_layers", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("n_inner", default=4 * n_embd, min=1))
+        keys.u32(Keys.Rope.DIMENSION_COUNT, c.get_int("rotary_dim", default=n_embd // n_head, min=0))
         keys.u32(Keys.Attention.HEAD_COUNT, n_head)
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon"))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", min=0))
         return metadata

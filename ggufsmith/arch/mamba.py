@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.decoder import in_block
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
@@ -30,40 +32,42 @@ class Mamba(Architecture):
     tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
     tied_output_head = r"lm_head\.weight"
     tensor_names = {
-        "backbone.embeddings.weight": "token_embd.weight",
-        "backbone.norm_f.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-        "backbone.layers.{bid}.norm.weight": "blk.{bid}.attn_norm.weight",
-        "backbone.layers.{bid}.mixer.in_proj.weight": "blk.{bid}.ssm_in.weight",
-        "backbone.layers.{bid}.mixer.conv1d.weight": "blk.{bid}.ssm_conv1d.weight",
-        "backbone.layers.{bid}.mixer.conv1d.bias": "blk.{bid}.ssm_conv1d.bias",
-        "backbone.layers.{bid}.mixer.x_proj.weight": "blk.{bid}.ssm_x.weight",
-        "backbone.layers.{bid}.mixer.dt_proj.weight": "blk.{bid}.ssm_dt.weight",
-        "backbone.layers.{bid}.mixer.dt_proj.bias": "blk.{bid}.ssm_dt.bias",
-        # llama.cpp names these two without a ".weight" suffix
-        "backbone.layers.{bid}.mixer.A_log": "blk.{bid}.ssm_a",
-        "backbone.layers.{bid}.mixer.D": "blk.{bid}.ssm_d",
-        "backbone.layers.{bid}.mixer.out_proj.weight": "blk.{bid}.ssm_out.weight",
+        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
+        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
+        **in_block({
+            "norm.weight": T("attn_norm.weight", "n_embd"),
+            "mixer.in_proj.weight": T("ssm_in.weight", "2 * d_inner", "n_embd"),
+            "mixer.conv1d.weight": T("ssm_conv1d.weight", "d_inner", "d_conv"),
+            "mixer.conv1d.bias": T("ssm_conv1d.bias", "d_inner"),
+            "mixer.x_proj.weight": T("ssm_x.weight", "dt_rank + 2 * d_state", "d_inner"),
+            "mixer.dt_proj.weight": T("ssm_dt.weight", "d_inner", "dt_rank"),
+            "mixer.dt_proj.bias": T("ssm_dt.bias", "d_inner"),
+            # llama.cpp names these two without a ".weight" suffix
+            "mixer.A_log": T("ssm_a", "d_inner", "d_state"),
+            "mixer.D": T("ssm_d", "d_inner"),
+            "mixer.out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
+        }, hf_prefix="backbone.layers.{bid}."),
     }
     f32_tensors = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
 
     def metadata(self) -> Metadata:
         c = self.config
-        d_model = c.get("hidden_size", "d_model")
-        d_inner = c.get("intermediate_size", "d_inner", default=None)
+        d_model = c.get_int("hidden_size", "d_model", min=1)
+        d_inner = c.get_int("intermediate_size", "d_inner", default=None, min=1)
         if d_inner is None:
-            d_inner = c.get("expand", default=2) * d_model
+            d_inner = c.get_int("expand", default=2, min=1) * d_model
         if d_inner != 2 * d_model:
             raise ConversionError(
                 f"{c.path}: intermediate_size {d_inner} is not 2 x hidden_size {d_model}; "
                 "llama.cpp's mamba supports only an expansion factor of 2"
             )
-        dt_rank = c.get("time_step_rank", "dt_rank", default="auto")
+        dt_rank = "auto" if c.get("time_step_rank", "dt_rank", default="auto") == "auto" else c.get_int("time_step_rank", "dt_rank", min=1)
         if dt_rank == "auto":
             dt_rank = -(-d_model // 16)  # mamba's own default: ceil(d_model / 16)
-        if c.get("use_bias", default=False):
+        if c.get_bool("use_bias", default=False):
             raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba has no in/out projection biases")
-        if not c.get("use_conv_bias", default=True):
+        if not c.get_bool("use_conv_bias", default=True):
             raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba requires the conv1d bias")
 
         m = Metadata()
@@ -73,12 +77,12 @@ class Mamba(Architecture):
         # No feed-forward and no attention; llama.cpp's converter writes zeros and so do we.
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("num_hidden_layers", "n_layer"))
-        keys.u32(Keys.SSM.CONV_KERNEL, c.get("conv_kernel", "d_conv", default=4))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", "n_layer", min=1))
+        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("conv_kernel", "d_conv", default=4, min=1))
         keys.u32(Keys.SSM.INNER_SIZE, d_inner)
-        keys.u32(Keys.SSM.STATE_SIZE, c.get("state_size", "d_state", default=16))
+        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("state_size", "d_state", default=16, min=1))
         keys.u32(Keys.SSM.TIME_STEP_RANK, dt_rank)
-        keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get("layer_norm_epsilon", "rms_norm_eps", default=1e-5))
+        keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         # Plain Mamba normalizes neither dt nor B, C (falcon-mamba does; not claimed here).
         keys.bool(Keys.SSM.DT_B_C_RMS, False)
         return m

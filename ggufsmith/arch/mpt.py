@@ -13,7 +13,11 @@ from __future__ import annotations
 import math
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import reject, weights_and_biases
+from ggufsmith.arch.common import (
+    ATTN_NORM, ATTN_OUTPUT, ATTN_QKV, FFN_DOWN, FFN_NORM, FFN_UP, OUTPUT, OUTPUT_NORM, TOKEN_EMBD, reject,
+    weights_and_biases,
+)
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.gguf_writer.metadata import Metadata
 
@@ -25,23 +29,20 @@ class MPT(Architecture):
     tokenizer_kind = "gpt2"
     tied_output_head = r"lm_head\.weight"
     tensor_names = {
-        "transformer.wte.weight": "token_embd.weight",
-        "transformer.wpe.weight": "position_embd.weight",  # MosaicML's learned_pos_emb without alibi
-        "lm_head.weight": "output.weight",
-        **weights_and_biases({"transformer.norm_f": "output_norm"}),
+        "transformer.wte.weight": TOKEN_EMBD,
+        # MosaicML's learned_pos_emb without alibi
+        "transformer.wpe.weight": T("position_embd.weight", "n_ctx", "n_embd", optional=True),
+        "lm_head.weight": OUTPUT,
+        **weights_and_biases({"transformer.norm_f": OUTPUT_NORM}, biases="optional"),
         **weights_and_biases(
-            {
-                "norm_1": "attn_norm",
-                "attn.Wqkv": "attn_qkv",
-                "attn.q_ln": "attn_q_norm",  # MosaicML's qk_ln
-                "attn.k_ln": "attn_k_norm",
-                "attn.out_proj": "attn_output",
-                "norm_2": "ffn_norm",
-                "ffn.up_proj": "ffn_up",
-                "ffn.down_proj": "ffn_down",
-            },
+            {"norm_1": ATTN_NORM, "attn.Wqkv": ATTN_QKV, "attn.out_proj": ATTN_OUTPUT,
+             "norm_2": FFN_NORM, "ffn.up_proj": FFN_UP, "ffn.down_proj": FFN_DOWN,
+             # MosaicML's qk_ln
+             "attn.q_ln": T("attn_q_norm", "n_embd", optional=True),
+             "attn.k_ln": T("attn_k_norm", "n_embd", optional=True)},
             hf_prefix="transformer.blocks.{bid}.",
             gguf_prefix="blk.{bid}.",
+            biases="optional",
         ),
     }
 
@@ -50,31 +51,31 @@ class MPT(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        self.attn_config = dict(config.get("attn_config", default={}))
-        self.d_model = config.get("d_model", "hidden_size")
-        self.n_heads = config.get("n_heads", "num_attention_heads")
-        scale = self.attn_config.get("softmax_scale")
+        self.attn_config = config.sub("attn_config", config.get_dict("attn_config", default={}))
+        self.d_model = config.get_int("d_model", "hidden_size", min=1)
+        self.n_heads = config.get_int("n_heads", "num_attention_heads", min=1)
+        scale = self.attn_config.get_float("softmax_scale", default=None)
         reject(
             config,
             scale is not None and not math.isclose(scale, 1 / math.sqrt(self.d_model // self.n_heads)),
             f"attn_config.softmax_scale is {scale}, not 1/sqrt(head size)",
         )
-        reject(config, config.get("logit_scale", default=None) is not None, "logit_scale is set")
-        reject(config, self.attn_config.get("prefix_lm", False), "attn_config.prefix_lm is set")
+        reject(config, "logit_scale" in config, "logit_scale is set")
+        reject(config, self.attn_config.get_bool("prefix_lm", default=False), "attn_config.prefix_lm is set")
 
     def metadata(self) -> Metadata:
         c = self.config
-        alibi_bias_max = float(self.attn_config.get("alibi_bias_max", 8)) if self.attn_config.get("alibi", True) else 0.0
-        clip_qkv = self.attn_config.get("clip_qkv")
+        alibi_bias_max = self.attn_config.get_float("alibi_bias_max", default=8.0) if self.attn_config.get_bool("alibi", default=True) else 0.0
+        clip_qkv = self.attn_config.get_float("clip_qkv", default=None, min=0)
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get("max_seq_len", "max_position_embeddings"))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_seq_len", "max_position_embeddings", min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, self.d_model)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get("n_layers", "num_hidden_layers"))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, int(c.get("expansion_ratio", default=4) * self.d_model))
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("n_layers", "num_hidden_layers", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, int(c.get_float("expansion_ratio", default=4, min=0) * self.d_model))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_heads)
-        keys.u32(Keys.Attention.HEAD_COUNT_KV, self.attn_config.get("kv_n_heads"))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon", default=1e-5))
+        keys.u32(Keys.Attention.HEAD_COUNT_KV, self.attn_config.get_int("kv_n_heads", default=None, min=1))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", default=1e-5, min=0))
         keys.f32(Keys.Attention.CLAMP_KQV, clip_qkv)
         keys.f32(Keys.Attention.MAX_ALIBI_BIAS, alibi_bias_max)
         keys.f32(Keys.Attention.CLIP_KQV, 0.0 if clip_qkv is None else clip_qkv)

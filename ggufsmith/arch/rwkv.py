@@ -18,6 +18,8 @@ where it does not (see docs/architectures-other.md for the table):
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.decoder import in_block
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.tokenizer.rwkv_world import has_rwkv_world_vocab
@@ -35,30 +37,32 @@ class Rwkv(Architecture):
     model_types = ("rwkv",)
     tokenizer_kind = None  # tokenizer.json (GPT-NeoX BPE, the Pile models) or the world vocabulary
     tensor_names = {
-        "rwkv.embeddings.weight": "token_embd.weight",
-        "rwkv.blocks.0.pre_ln.weight": "token_embd_norm.weight",
-        "rwkv.blocks.0.pre_ln.bias": "token_embd_norm.bias",
-        "rwkv.ln_out.weight": "output_norm.weight",
-        "rwkv.ln_out.bias": "output_norm.bias",
-        "head.weight": "output.weight",
-        "rwkv.blocks.{bid}.ln1.weight": "blk.{bid}.attn_norm.weight",
-        "rwkv.blocks.{bid}.ln1.bias": "blk.{bid}.attn_norm.bias",
-        "rwkv.blocks.{bid}.ln2.weight": "blk.{bid}.attn_norm_2.weight",
-        "rwkv.blocks.{bid}.ln2.bias": "blk.{bid}.attn_norm_2.bias",
-        "rwkv.blocks.{bid}.attention.time_decay": "blk.{bid}.time_mix_decay.weight",
-        "rwkv.blocks.{bid}.attention.time_first": "blk.{bid}.time_mix_first.weight",
-        "rwkv.blocks.{bid}.attention.time_mix_key": "blk.{bid}.time_mix_shift_k.weight",
-        "rwkv.blocks.{bid}.attention.time_mix_value": "blk.{bid}.time_mix_shift_v.weight",
-        "rwkv.blocks.{bid}.attention.time_mix_receptance": "blk.{bid}.time_mix_shift_r.weight",
-        "rwkv.blocks.{bid}.attention.key.weight": "blk.{bid}.time_mix_key.weight",
-        "rwkv.blocks.{bid}.attention.value.weight": "blk.{bid}.time_mix_value.weight",
-        "rwkv.blocks.{bid}.attention.receptance.weight": "blk.{bid}.time_mix_receptance.weight",
-        "rwkv.blocks.{bid}.attention.output.weight": "blk.{bid}.time_mix_output.weight",
-        "rwkv.blocks.{bid}.feed_forward.time_mix_key": "blk.{bid}.channel_mix_shift_k.weight",
-        "rwkv.blocks.{bid}.feed_forward.time_mix_receptance": "blk.{bid}.channel_mix_shift_r.weight",
-        "rwkv.blocks.{bid}.feed_forward.key.weight": "blk.{bid}.channel_mix_key.weight",
-        "rwkv.blocks.{bid}.feed_forward.receptance.weight": "blk.{bid}.channel_mix_receptance.weight",
-        "rwkv.blocks.{bid}.feed_forward.value.weight": "blk.{bid}.channel_mix_value.weight",
+        "rwkv.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        "rwkv.blocks.0.pre_ln.weight": T("token_embd_norm.weight", "n_embd"),
+        "rwkv.blocks.0.pre_ln.bias": T("token_embd_norm.bias", "n_embd"),
+        "rwkv.ln_out.weight": T("output_norm.weight", "n_embd"),
+        "rwkv.ln_out.bias": T("output_norm.bias", "n_embd"),
+        "head.weight": T("output.weight", "n_vocab", "n_embd"),
+        **in_block({
+            "ln1.weight": T("attn_norm.weight", "n_embd"),
+            "ln1.bias": T("attn_norm.bias", "n_embd"),
+            "ln2.weight": T("attn_norm_2.weight", "n_embd"),
+            "ln2.bias": T("attn_norm_2.bias", "n_embd"),
+            "attention.time_decay": T("time_mix_decay.weight", "n_att"),
+            "attention.time_first": T("time_mix_first.weight", "n_att"),
+            "attention.time_mix_key": T("time_mix_shift_k.weight", "n_embd"),
+            "attention.time_mix_value": T("time_mix_shift_v.weight", "n_embd"),
+            "attention.time_mix_receptance": T("time_mix_shift_r.weight", "n_embd"),
+            "attention.key.weight": T("time_mix_key.weight", "n_att", "n_embd"),
+            "attention.value.weight": T("time_mix_value.weight", "n_att", "n_embd"),
+            "attention.receptance.weight": T("time_mix_receptance.weight", "n_att", "n_embd"),
+            "attention.output.weight": T("time_mix_output.weight", "n_embd", "n_att"),
+            "feed_forward.time_mix_key": T("channel_mix_shift_k.weight", "n_embd"),
+            "feed_forward.time_mix_receptance": T("channel_mix_shift_r.weight", "n_embd"),
+            "feed_forward.key.weight": T("channel_mix_key.weight", "n_ff", "n_embd"),
+            "feed_forward.receptance.weight": T("channel_mix_receptance.weight", "n_embd", "n_embd"),
+            "feed_forward.value.weight": T("channel_mix_value.weight", "n_embd", "n_ff"),
+        }, hf_prefix="rwkv.blocks.{bid}."),
     }
     # The per-channel vectors are 1-D after squeezing and so F32 anyway; time_first and
     # time_decay feed an exp(), where quantization error would be amplified.
@@ -69,23 +73,27 @@ class Rwkv(Architecture):
         if has_rwkv_world_vocab(config.path.parent):
             self.tokenizer_kind = "rwkv"  # the world vocabulary, exported by tokenizer.rwkv_world
 
+    def dims(self) -> dict[str, int]:
+        # the attention width, which RWKV-4 allows to differ from the hidden size
+        return {"n_att": self.config.get_int("attention_hidden_size", "hidden_size", min=1)}
+
     def metadata(self) -> Metadata:
         c = self.config
-        hidden = c.get("hidden_size")
+        hidden = c.get_int("hidden_size", min=1)
         m = Metadata()
         keys = ArchKeys(m, self.name)
         keys.u32(Keys.RWKV.ARCHITECTURE_VERSION, RWKV_ARCHITECTURE_VERSION)
         # The spec types these uint64 (no llama.cpp reader for rwkv4 insists on uint32).
-        keys.u64(Keys.LLM.CONTEXT_LENGTH, c.get("context_length"))
-        keys.u64(Keys.LLM.BLOCK_COUNT, c.get("num_hidden_layers"))
+        keys.u64(Keys.LLM.CONTEXT_LENGTH, c.get_int("context_length", min=1))
+        keys.u64(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
         keys.u64(Keys.LLM.EMBEDDING_LENGTH, hidden)
-        keys.u64(Keys.LLM.FEED_FORWARD_LENGTH, c.get("intermediate_size", default=4 * hidden))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get("layer_norm_epsilon", default=1e-5))
+        keys.u64(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", default=4 * hidden, min=1))
+        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", default=1e-5, min=0))
         keys.u32(Keys.RWKV.RESCALE_EVERY_N_LAYERS, self._rescale_every())
         return m
 
     def _rescale_every(self) -> int:
-        return int(self.config.get("rescale_every", default=0))
+        return self.config.get_int("rescale_every", default=0)
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith(_SQUEEZED):

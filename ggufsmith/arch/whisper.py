@@ -15,17 +15,18 @@ No GGML runtime loads whisper from a GGUF file yet.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import weights_and_biases
+from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.readers.jsonfile import read_json
 
 MEL_FILTERS = "enc.mel_filters.weight"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -36,21 +37,23 @@ DEFAULT_SAMPLING_RATE = 16000
 MEL_MAX_HZ = 8000.0
 
 
-def _attention(hf: str, gguf: str) -> dict[str, str]:
+def _attention(hf: str, gguf: str, blocks: str) -> dict[str, T]:
     """q/v/out projections with bias, k without (Whisper's k_proj has no bias)."""
-    table = {f"{hf}.k_proj.weight": f"{gguf}_k.weight"}
-    for hf_proj, gguf_proj in (("q_proj", "q"), ("v_proj", "v"), ("out_proj", "output")):
-        for part in ("weight", "bias"):
-            table[f"{hf}.{hf_proj}.{part}"] = f"{gguf}_{gguf_proj}.{part}"
+    projection = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "out_proj": "output"}
+    table = {f"{hf}.{p}.weight": T(f"{gguf}_{g}.weight", "n_embd", "n_embd", blocks=blocks) for p, g in projection.items()}
+    table.update({f"{hf}.{p}.bias": T(f"{gguf}_{g}.bias", "n_embd", blocks=blocks) for p, g in projection.items() if p != "k_proj"})
     return table
 
 
-def _block(hf: str, gguf: str) -> dict[str, str]:
-    """Self-attention and feed-forward of one encoder or decoder layer."""
+def _block(hf: str, gguf: str, side: str) -> dict[str, T]:
+    """Self-attention and feed-forward of one encoder or decoder layer (side: "enc" or "dec")."""
+    blocks, n_ff = f"n_{side}_layer", f"n_{side}_ff"
     return {
-        **_attention(f"{hf}.self_attn", f"{gguf}.attn"),
+        **_attention(f"{hf}.self_attn", f"{gguf}.attn", blocks),
         **weights_and_biases(
-            {"self_attn_layer_norm": "attn_norm", "final_layer_norm": "ffn_norm", "fc1": "ffn_up", "fc2": "ffn_down"},
+            {"self_attn_layer_norm": T("attn_norm", "n_embd", blocks=blocks),
+             "final_layer_norm": T("ffn_norm", "n_embd", blocks=blocks),
+             "fc1": T("ffn_up", n_ff, "n_embd", blocks=blocks), "fc2": T("ffn_down", "n_embd", n_ff, blocks=blocks)},
             hf_prefix=f"{hf}.",
             gguf_prefix=f"{gguf}.",
         ),
@@ -64,44 +67,52 @@ class Whisper(Architecture):
     tokenizer_kind = "gpt2"  # tokenizer.json, byte-level BPE with Whisper's special tokens
     tied_output_head = r"proj_out\.weight"
     tensor_names = {
-        **weights_and_biases({"model.encoder.conv1": "enc.conv1d.1", "model.encoder.conv2": "enc.conv1d.2"}),
-        "model.encoder.embed_positions.weight": "enc.pos_embd.weight",
-        **_block("model.encoder.layers.{bid}", "enc.blk.{bid}"),
-        **weights_and_biases({"model.encoder.layer_norm": "enc.output_norm"}),
-        "model.decoder.embed_tokens.weight": "token_embd.weight",
-        "model.decoder.embed_positions.weight": "dec.pos_embd.weight",
-        **_block("model.decoder.layers.{bid}", "dec.blk.{bid}"),
-        **weights_and_biases({"model.decoder.layers.{bid}.encoder_attn_layer_norm": "dec.blk.{bid}.cross_attn_norm"}),
-        **_attention("model.decoder.layers.{bid}.encoder_attn", "dec.blk.{bid}.cross_attn"),
-        **weights_and_biases({"model.decoder.layer_norm": "dec.output_norm"}),
-        "proj_out.weight": "output.weight",
+        **weights_and_biases({"model.encoder.conv1": T("enc.conv1d.1", "n_embd", "n_mels", 3),
+                              "model.encoder.conv2": T("enc.conv1d.2", "n_embd", "n_embd", 3)}),
+        "model.encoder.embed_positions.weight": T("enc.pos_embd.weight", "n_enc_ctx", "n_embd"),
+        **_block("model.encoder.layers.{bid}", "enc.blk.{bid}", "enc"),
+        **weights_and_biases({"model.encoder.layer_norm": T("enc.output_norm", "n_embd")}),
+        "model.decoder.embed_tokens.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        "model.decoder.embed_positions.weight": T("dec.pos_embd.weight", "n_dec_ctx", "n_embd"),
+        **_block("model.decoder.layers.{bid}", "dec.blk.{bid}", "dec"),
+        **weights_and_biases({"model.decoder.layers.{bid}.encoder_attn_layer_norm":
+                              T("dec.blk.{bid}.cross_attn_norm", "n_embd", blocks="n_dec_layer")}),
+        **_attention("model.decoder.layers.{bid}.encoder_attn", "dec.blk.{bid}.cross_attn", "n_dec_layer"),
+        **weights_and_biases({"model.decoder.layer_norm": T("dec.output_norm", "n_embd")}),
+        "proj_out.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
     }
     # Conv kernels have rows of 3 (no block type fits); position tables and the mel bank are
     # kept exact as llama.cpp keeps its position embeddings.
     f32_tensors = (r"enc\.conv1d\.\d\.weight", r"(enc|dec)\.pos_embd\.weight", r"enc\.mel_filters\.weight")
 
-    def metadata(self) -> Metadata:
+    def dims(self) -> dict[str, int]:
         c = self.config
-        d_model = c.get("d_model")
+        return {"n_embd": c.get_int("d_model", min=1), "n_mels": c.get_int("num_mel_bins", min=1),
+                "n_enc_layer": c.get_int("encoder_layers", min=1), "n_dec_layer": c.get_int("decoder_layers", min=1),
+                "n_enc_ff": c.get_int("encoder_ffn_dim", min=1), "n_dec_ff": c.get_int("decoder_ffn_dim", min=1),
+                "n_enc_ctx": c.get_int("max_source_positions", min=1), "n_dec_ctx": c.get_int("max_target_positions", min=1)}
+
+    def metadata(self) -> Metadata:
+        c, d = self.config, self.dims()
         m = Metadata()
         keys = ArchKeys(m, self.name)
         w = Keys.Whisper
-        keys.u64(w.ENCODER_CONTEXT_LENGTH, c.get("max_source_positions"))
-        keys.u64(w.ENCODER_EMBEDDING_LENGTH, d_model)
-        keys.u64(w.ENCODER_BLOCK_COUNT, c.get("encoder_layers"))
-        keys.u64(w.ENCODER_MELS_COUNT, c.get("num_mel_bins"))
-        keys.u64(w.ENCODER_HEAD_COUNT, c.get("encoder_attention_heads"))
-        keys.u64(w.ENCODER_FEED_FORWARD_LENGTH, c.get("encoder_ffn_dim"))
-        keys.u64(w.DECODER_CONTEXT_LENGTH, c.get("max_target_positions"))
-        keys.u64(w.DECODER_EMBEDDING_LENGTH, d_model)
-        keys.u64(w.DECODER_BLOCK_COUNT, c.get("decoder_layers"))
-        keys.u64(w.DECODER_HEAD_COUNT, c.get("decoder_attention_heads"))
-        keys.u64(w.DECODER_FEED_FORWARD_LENGTH, c.get("decoder_ffn_dim"))
-        keys.u32(Keys.LLM.DECODER_START_TOKEN_ID, c.get("decoder_start_token_id", default=None))
+        keys.u64(w.ENCODER_CONTEXT_LENGTH, d["n_enc_ctx"])
+        keys.u64(w.ENCODER_EMBEDDING_LENGTH, d["n_embd"])
+        keys.u64(w.ENCODER_BLOCK_COUNT, d["n_enc_layer"])
+        keys.u64(w.ENCODER_MELS_COUNT, d["n_mels"])
+        keys.u64(w.ENCODER_HEAD_COUNT, c.get_int("encoder_attention_heads", min=1))
+        keys.u64(w.ENCODER_FEED_FORWARD_LENGTH, d["n_enc_ff"])
+        keys.u64(w.DECODER_CONTEXT_LENGTH, d["n_dec_ctx"])
+        keys.u64(w.DECODER_EMBEDDING_LENGTH, d["n_embd"])
+        keys.u64(w.DECODER_BLOCK_COUNT, d["n_dec_layer"])
+        keys.u64(w.DECODER_HEAD_COUNT, c.get_int("decoder_attention_heads", min=1))
+        keys.u64(w.DECODER_FEED_FORWARD_LENGTH, d["n_dec_ff"])
+        keys.u32(Keys.LLM.DECODER_START_TOKEN_ID, c.get_int("decoder_start_token_id", default=None))
         return m
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
-        n_mels = self.config.get("num_mel_bins")
+        n_mels = self.config.get_int("num_mel_bins", min=1)
         n_fft, sampling_rate = self._feature_extractor_settings()
         source = f"{self.config.path.parent / PREPROCESSOR_CONFIG} (computed)"
         return {
@@ -117,17 +128,15 @@ class Whisper(Architecture):
         path = Path(self.config.path).parent / PREPROCESSOR_CONFIG
         if not path.is_file():
             return DEFAULT_N_FFT, DEFAULT_SAMPLING_RATE
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ConversionError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        n_mels = values.get("feature_size", self.config.get("num_mel_bins"))
-        if n_mels != self.config.get("num_mel_bins"):
+        settings = HFConfig(read_json(path), path)
+        n_mels = settings.get_int("feature_size", default=self.config.get_int("num_mel_bins"))
+        if n_mels != self.config.get_int("num_mel_bins"):
             raise ConversionError(
                 f"{path}: feature_size {n_mels} differs from num_mel_bins in config.json; "
                 "the encoder could not read these features"
             )
-        return int(values.get("n_fft", DEFAULT_N_FFT)), int(values.get("sampling_rate", DEFAULT_SAMPLING_RATE))
+        return (settings.get_int("n_fft", default=DEFAULT_N_FFT, min=2),
+                settings.get_int("sampling_rate", default=DEFAULT_SAMPLING_RATE, min=1))
 
 
 def slaney_mel_filters(n_mels: int, n_fft: int, sampling_rate: int, max_hz: float) -> np.ndarray:

@@ -90,6 +90,7 @@ def make_plan(
     metadata.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANTIZATION_VERSION)
     if with_tokenizer:
         metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind))
+    plugin.check(mapped, metadata)
     return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
 
 

@@ -145,6 +145,8 @@ class Metadata:
 
     def __init__(self) -> None:
         self._items: dict[str, MetadataValue] = {}
+        # Where a value came from ("config.json hidden_size"), for error messages; not written.
+        self.origins: dict[str, str] = {}
 
     def add(self, key: str, value: Any, vtype: GGUFValueType, element_type: GGUFValueType | None = None) -> None:
         check_key(key)
@@ -171,6 +173,7 @@ class Metadata:
         """Add every key of `other`; a key present in both is an error."""
         for key, value in other.items():
             self.add_value(key, value)
+        self.origins.update(other.origins)
 
     # Shorthands for the common types, so call sites read as the spec does.
     def add_string(self, key: str, value: str) -> None:

@@ -1,0 +1,169 @@
+"""Shared pieces of the llama-style decoders: the tensor tables most HF decoders share (with the
+shapes llama.cpp loads them with), so that a plugin lists only where its family differs.
+
+The HF names are those of transformers' LlamaForCausalLM and the many models written after it
+(Mistral, Qwen2/3, Gemma, OLMo, Granite, ...): `model.embed_tokens`, `model.layers.{bid}.self_attn.
+{q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, `input_layernorm`, `post_attention_layernorm`,
+`model.norm`, `lm_head`. Shapes are numpy order (rows last) over the names of tensors.model_dims.
+"""
+
+from __future__ import annotations
+
+from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
+from ggufsmith.arch.rope import Rope
+from ggufsmith.arch.tensors import T
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.readers.lazy_tensor import LazyTensor
+
+LAYER = "model.layers.{bid}."
+BLOCK = "blk.{bid}."
+
+Q_ROWS = "n_head * head_dim"
+KV_ROWS = "n_head_kv * head_dim"
+V_ROWS = "n_head_kv * head_dim_v"
+O_COLUMNS = "n_head * head_dim_v"
+
+
+def in_block(table: dict[str, T], hf_prefix: str = LAYER, gguf_prefix: str = BLOCK) -> dict[str, T]:
+    """{"self_attn.q_proj.weight": T("attn_q.weight", ...)} with both sides prefixed by the block."""
+    return {hf_prefix + hf: spec.at(gguf_prefix) for hf, spec in table.items()}
+
+
+def embeddings(prefix: str = "model.", *, output: str = "lm_head.weight") -> dict[str, T]:
+    """Token embeddings, the final norm and the output head (optional: a tied head is token_embd)."""
+    return {
+        f"{prefix}embed_tokens.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        f"{prefix}norm.weight": T("output_norm.weight", "n_embd"),
+        output: T("output.weight", "n_vocab", "n_embd", optional=True),
+    }
+
+
+def attention(*, biases: str = "optional", qk_norm: bool = False, o_bias: str | None = None) -> dict[str, T]:
+    """q/k/v/o projections of one block (relative names). biases: "optional" (llama.cpp loads the
+    model either way), "required", or "none" (a bias in the checkpoint is then an unknown tensor).
+    o_bias: the same for the output projection's bias (default: as `biases`). qk_norm: per-head
+    RMSNorm of queries and keys (Qwen3, OLMo2, Gemma 3...)."""
+    table = {
+        "self_attn.q_proj.weight": T("attn_q.weight", Q_ROWS, "n_embd"),
+        "self_attn.k_proj.weight": T("attn_k.weight", KV_ROWS, "n_embd"),
+        "self_attn.v_proj.weight": T("attn_v.weight", V_ROWS, "n_embd"),
+        "self_attn.o_proj.weight": T("attn_output.weight", "n_embd", O_COLUMNS),
+    }
+    table.update(_biases({"self_attn.q_proj.bias": T("attn_q.bias", Q_ROWS),
+                          "self_attn.k_proj.bias": T("attn_k.bias", KV_ROWS),
+                          "self_attn.v_proj.bias": T("attn_v.bias", V_ROWS)}, biases))
+    table.update(_biases({"self_attn.o_proj.bias": T("attn_output.bias", "n_embd")}, o_bias or biases))
+    if qk_norm:
+        table["self_attn.q_norm.weight"] = T("attn_q_norm.weight", "head_dim")
+        table["self_attn.k_norm.weight"] = T("attn_k_norm.weight", "head_dim")
+    return table
+
+
+def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix: str = "mlp.") -> dict[str, T]:
+    """The gated feed-forward (SwiGLU/GeGLU) of one block: gate, up, down."""
+    table = {
+        f"{prefix}gate_proj.weight": T("ffn_gate.weight", "n_ff", "n_embd", when=when),
+        f"{prefix}up_proj.weight": T("ffn_up.weight", "n_ff", "n_embd", when=when),
+        f"{prefix}down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff", when=when),
+    }
+    table.update(_biases({f"{prefix}gate_proj.bias": T("ffn_gate.bias", "n_ff", when=when),
+                          f"{prefix}up_proj.bias": T("ffn_up.bias", "n_ff", when=when),
+                          f"{prefix}down_proj.bias": T("ffn_down.bias", "n_embd", when=when)}, biases))
+    return table
+
+
+def norms(**names: str) -> dict[str, T]:
+    """Per-block norms of width n_embd: norms(input_layernorm="attn_norm", ...) (".weight" added)."""
+    return {f"{hf}.weight": T(f"{gguf}.weight", "n_embd") for hf, gguf in names.items()}
+
+
+LLAMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def llama_decoder(*, attention_biases: str = "optional", o_bias: str | None = None, mlp_biases: str = "optional",
+                  qk_norm: bool = False) -> dict[str, T]:
+    """The whole table of a Llama-layout decoder: embeddings, and per block two norms, attention
+    and the gated MLP."""
+    return {
+        **embeddings(),
+        **in_block({
+            **norms(**LLAMA_NORMS),
+            **attention(biases=attention_biases, o_bias=o_bias, qk_norm=qk_norm),
+            **mlp(biases=mlp_biases),
+        }),
+    }
+
+
+def _biases(table: dict[str, T], mode: str) -> dict[str, T]:
+    if mode == "none":
+        return {}
+    if mode not in ("optional", "required"):
+        raise ValueError(f"biases must be 'optional', 'required' or 'none', not {mode!r}")
+    return {hf: T(spec.name, *spec.shape, optional=mode == "optional", when=spec.when) for hf, spec in table.items()}
+
+
+class Decoder(Architecture):
+    """Base of the llama-style decoder plugins: reads heads, head size and rope from config.json,
+    writes the keys every such decoder has (`decoder_keys`) and computes rope_freqs for llama3
+    scaling. A plugin adds its own keys in `family_keys` and its layout changes in `transform`."""
+
+    tensor_names = llama_decoder()
+    layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
+    # Old checkpoints store the rotary frequencies; they follow from the config.
+    ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        self.n_head = config.get_int("num_attention_heads", min=1)
+        self.n_head_kv = config.get_int("num_key_value_heads", default=self.n_head, min=1)
+        self.head_dim = config.get_int("head_dim", default=None, min=1) or config.get_int("hidden_size", min=1) // self.n_head
+        self.rope = Rope(config)
+
+    def metadata(self) -> Metadata:
+        metadata = Metadata()
+        keys = ArchKeys(metadata, self.name)
+        self.decoder_keys(keys)
+        self.family_keys(keys)
+        return metadata
+
+    def decoder_keys(self, keys: ArchKeys) -> None:
+        """The keys llama.cpp reads for every decoder (llama_model_base::load_hparams), from the
+        config names transformers uses."""
+        c = self.config
+        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", default=None, min=1))
+        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
+        keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
+        keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
+        keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
+        if self.layer_norm:
+            keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", min=0))
+        else:
+            keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
+        if "head_dim" in c:
+            keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
+            keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
+        self.rope.write_scaling_keys(keys)
+
+    def family_keys(self, keys: ArchKeys) -> None:
+        """The keys that are this family's own. Default: none."""
+
+    def sliding_window_keys(self, keys: ArchKeys, pattern: list[bool] | None) -> None:
+        """attention.sliding_window and, per layer, whether it is a sliding-window layer."""
+        keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))
+        if pattern is not None:
+            keys.metadata.add_array(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern, GGUFValueType.BOOL)
+
+    def layer_types(self, default: list[str]) -> list[str]:
+        """config.json layer_types ("sliding_attention" / "full_attention" per layer), checked."""
+        types = self.config.get_list("layer_types", default=default)
+        n_layer = self.config.get_int("num_hidden_layers", min=1)
+        if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
+            raise self.config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+        return types
+
+    def extra_tensors(self) -> dict[str, LazyTensor]:
+        return self.rope.rope_freqs(self.head_dim)

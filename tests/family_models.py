@@ -1,0 +1,70 @@
+"""Tiny random-weight models of any transformers family, and the comparison every plugin's
+end-to-end test makes: llama.cpp's logits on our file against transformers' on the checkpoint.
+
+The error is max |llama.cpp - transformers| over the prompt divided by the standard deviation of
+transformers' logits (the measure the architecture issues state their tolerances in). Weights are
+drawn with a larger spread than transformers' init (std 0.02 gives nearly uniform logits, which
+would hide layout errors); norm weights around 1 with spread 0.2, so that a norm stored as an
+offset from 1, or a missing norm, changes the result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = "The quick brown fox, größere Äpfel, 我们今天去公园散步。 Привет! 12345 🦙 def f(x): return x ** 2"
+
+
+def build_model(config_class: str, model_class: str, model_dir: Path, seed: int = 0, **fields) -> Path:
+    """Save a random `model_class` (a transformers class name) built from `config_class(**fields)`."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_class)(**fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.ndim >= 2:
+                param.normal_(0.0, 0.15)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+            else:
+                param.normal_(1.0, 0.2)
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+def hf_logits(model_dir: Path, model_class: str, token_ids: list[int]) -> np.ndarray:
+    import torch
+    import transformers
+
+    model = getattr(transformers, model_class).from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float().numpy()
+
+
+def llamacpp_logits(gguf_path: Path, token_ids: list[int]) -> np.ndarray:
+    """llama.cpp's logits for every position, F32 KV cache, so that only the weights' type differs."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
+                          type_k=0, type_v=0)
+    try:
+        llm.eval(token_ids)
+        return np.array(llm.scores[: len(token_ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def relative_error(got: np.ndarray, expected: np.ndarray) -> float:
+    """max |got - expected| in units of the expected logits' standard deviation."""
+    return float(np.abs(got - expected).max() / expected.std())
+
+
+def prompt_ids(model_dir: Path, prompt: str = PROMPT) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir).encode(prompt, add_special_tokens=False)
