@@ -1,7 +1,7 @@
 """The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S / IQ2_XXS /
-IQ2_XS / IQ2_S / IQ1_S, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to ggml's C quantizer
-and decode bit for bit as ggml's to_float does, with and without an importance matrix, on the data
-sets of the other quantizer tests.
+IQ2_XS / IQ2_S / IQ1_S / IQ1_M, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to
+ggml's C quantizer and decode bit for bit as ggml's to_float does, with and without an importance
+matrix, on the data sets of the other quantizer tests.
 
 The grid types' search sums weight * diff^2 ~ |x|^3 in float32: beyond |x| ~ 1e12 that overflows
 and ggml aborts (GGML_ASSERT in its neighbour search, or GGML_ABORT when NaN scales leave a group
@@ -39,7 +39,7 @@ from tests.quant_data import model_weight_rows, quant_cases
 
 # ggml refuses to quantize these without an imatrix.
 REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S]
-GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S] + REQUIRES_IMPORTANCE
+GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.IQ1_M] + REQUIRES_IMPORTANCE
 # These use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
 USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES
 IGNORES_IMPORTANCE = [GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.Q1_0, GGMLType.Q2_0]

@@ -1,4 +1,4 @@
-"""IQ1_S: groups of 8 values on a 2048-point grid of levels -1, 0, 1 shifted by +-0.125, a 3-bit
+"""IQ1_S and IQ1_M: groups of 8 values on a 2048-point grid of levels -1, 0, 1 shifted by +-0.125, a 3-bit
 scale and the shift's sign per block of 32, as ggml's quantize_row_iq1_s_impl makes them. It needs
 an importance matrix (ggml asserts on its absence, we refuse).
 
@@ -15,6 +15,12 @@ nearest_int((scale / d - 1) / 2) in 0..7 at bit 12 of its qh, the shift x_m as b
 
 Layout (ggml-common.h): float16 d, qs[32] (low 8 bits of the grid indices), qh uint16[8] (per
 block of 32: the high 3 bits of its 4 indices, then the scale and the shift's sign).
+
+IQ1_M (imatrix optional, weights x^2 without one) works on blocks of 16 whose two groups of 8 each
+take x_p or x_m (4 combinations per split, from per-half prefix sums), 3-bit block scales, and a
+super-block scale refitted over all 256 values and stored as float16(d * 1.1125) in the top
+nibbles of the 4 uint16 of block scales. Layout: qs[32], qh[16] (per block of 16: the high 3 bits
+of each index, the shift bits 0x08 / 0x80), scales uint16[4].
 """
 
 from __future__ import annotations
@@ -97,16 +103,50 @@ def _best_splits(x: np.ndarray, weight: np.ndarray):
 
 
 def _pack(levels: np.ndarray) -> np.ndarray:
-    g = levels.reshape(GROUPS, GROUP, -1)
+    g = levels.reshape(-1, GROUP, levels.shape[-1])
     packed = g[:, 0].copy()
     for i in range(1, GROUP):
         packed |= g[:, i] << (2 * i)
     return packed
 
 
+def _level_values(levels: np.ndarray, minus: np.ndarray) -> np.ndarray:
+    """The shifted values x_p or x_m of levels [block, blocks], minus [groups, blocks] per group."""
+    minus = np.repeat(minus, GROUP, axis=0)
+    return np.where(minus, _X_M[levels], _X_P[levels])
+
+
+def _onto_grid(x, weight, levels, minus, scale, type_name):
+    """(grid indices [groups, blocks], scale): each group of 8 levels on the grid, or else
+    ggml's iq1_find_best_neighbour2 (least sum(w * (scale * q - x)^2)); a block that had a group
+    off the grid gets its scale refitted if sum(w q x) and sum(w q^2) are positive."""
+    tables = iq1_grid()
+    packed = _pack(levels)
+    chosen = tables.index_of[packed]
+    k, j = np.nonzero(chosen < 0)
+    if k.size == 0:
+        return chosen, scale
+    try:
+        candidates = candidates_of(tables, packed[k, j])
+        values = np.where(candidates.per_candidate(minus[k, j])[:, None], _X_M, _X_P)  # [candidates, 3]
+        s = candidates.per_candidate(scale[j])
+        rows = np.arange(values.shape[0])
+        error = np.zeros(rows.size, dtype=F32)
+        for i in range(GROUP):
+            diff = s * values[rows, tables.levels[candidates.points, i]] - candidates.per_candidate(x[GROUP * k + i, j])
+            error += (candidates.per_candidate(weight[GROUP * k + i, j]) * diff) * diff
+        chosen[k, j] = first_least(candidates, error)
+    except NoNeighbour:
+        raise refuse_overflow(type_name) from None
+    refit = np.zeros(scale.size, dtype=bool)
+    refit[j] = True
+    q = _level_values(tables.levels[chosen].transpose(0, 2, 1).reshape(x.shape), minus)
+    sum_qx, sum_q2 = sum_from_zero((weight * q) * x), sum_from_zero((weight * q) * q)
+    return chosen, np.where(refit & (sum_qx > 0) & (sum_q2 > 0), sum_qx / sum_q2, scale)
+
+
 def _quantize_blocks(rows: np.ndarray, importance: np.ndarray):
     """(scales [blocks], grid indices int32 [4, blocks], shifts [blocks], stored blocks bool)."""
-    tables = iq1_grid()
     x, weight = block_inputs(rows, importance, BLOCK, doubled_sigma2=True)
     n_blocks = x.shape[1]
     block_max = np.maximum.reduce(np.abs(x), axis=0)
@@ -122,41 +162,13 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray):
         levels = np.where(flip, 2 - levels, levels)
         scale = np.where(flip, -scale, scale)
         shift = np.where(flip, -shift, shift)
-        xb, wb = x[:, b], weight[:, b]
-        packed = _pack(levels)
-        chosen = tables.index_of[packed]
-        k, j = np.nonzero(chosen < 0)
-        if k.size:
-            chosen[k, j] = _neighbours(tables, packed[k, j], xb, wb, scale, shift, k, j)
-            refit = np.zeros(b.size, dtype=bool)
-            refit[j] = True
-            grid_levels = tables.levels[chosen].transpose(0, 2, 1).reshape(BLOCK, -1)  # [32, blocks]
-            q = np.where(shift == 1, _X_P[grid_levels], _X_M[grid_levels])
-            sum_qx, sum_q2 = sum_from_zero((wb * q) * xb), sum_from_zero((wb * q) * q)
-            scale = np.where(refit & (sum_qx > 0) & (sum_q2 > 0), sum_qx / sum_q2, scale)
+        minus = np.repeat((shift == -1)[None, :], GROUPS, axis=0)
+        chosen, scale = _onto_grid(x[:, b], weight[:, b], levels, minus, scale, "IQ1_S")
         assert_scales_valid(scale, "IQ1_S")
         scales[b], shifts[b], index[:, b] = scale, shift, chosen
     stored = np.zeros(n_blocks, dtype=bool)
     stored[b] = True
     return scales, index, shifts, stored
-
-
-def _neighbours(tables, packed, xb, wb, scale, shift, k, j) -> np.ndarray:
-    """ggml's iq1_find_best_neighbour2 for the off-grid groups k of blocks j: least
-    sum(w * diff * diff), diff = scale * q - x, q the shifted level values."""
-    try:
-        candidates = candidates_of(tables, packed)
-        values = np.where(candidates.per_candidate(shift[j] == 1)[:, None], _X_P, _X_M)  # [candidates, 3]
-        s = candidates.per_candidate(scale[j])
-        rows = np.arange(values.shape[0])
-        error = np.zeros(rows.size, dtype=F32)
-        for i in range(GROUP):
-            q = values[rows, tables.levels[candidates.points, i]]
-            diff = s * q - candidates.per_candidate(xb[GROUP * k + i, j])
-            error += (candidates.per_candidate(wb[GROUP * k + i, j]) * diff) * diff
-        return first_least(candidates, error)
-    except NoNeighbour:
-        raise refuse_overflow("IQ1_S") from None
 
 
 @float_warnings_off
@@ -188,5 +200,141 @@ def _iq1_s_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return values.reshape(data.shape[0], row_length)
 
 
+# --- IQ1_M -------------------------------------------------------------------------------------
+
+M_BLOCK = 16
+M_SUB_BLOCKS = QK_K // M_BLOCK
+_IQ1_M_BYTES = QK_K // 8 + QK_K // 16 + QK_K // 32
+_M_EPS = F32(1e-7)  # GROUP_MAX_EPS_IQ1_M
+_M_I1, _M_I2 = (np.array(v) for v in zip(*[(i1, i2) for i1 in range(M_BLOCK + 1) for i2 in range(i1, M_BLOCK + 1)]))
+# ggml's constants of the collapsed sums: v0^2 - v1^2 and v1^2 - v2^2 of x_p and x_m.
+_CP1, _CP2 = _X_P[0] * _X_P[0] - _X_P[1] * _X_P[1], _X_P[1] * _X_P[1] - _X_P[2] * _X_P[2]
+_CM1, _CM2 = _X_M[0] * _X_M[0] - _X_M[1] * _X_M[1], _X_M[1] * _X_M[1] - _X_M[2] * _X_M[2]
+# The qh bits of a block's shift k: group 0 takes x_m for k >= 2 (0x08), group 1 for odd k (0x80).
+_SHIFT_MASKS = np.array([0x00, 0x80, 0x08, 0x88], dtype=np.int32)
+
+
+def _best_splits_m(x: np.ndarray, weight: np.ndarray):
+    """IQ1_M's split search over blocks of 16 whose two halves may each take x_p or x_m (shift k:
+    0 = +,+ 1 = +,- 2 = -,+ 3 = -,-), with ggml's per-half prefix sums and collapsed formulas.
+    Returns (scale, levels [16, blocks], k, found)."""
+    order = np.argsort(x, axis=0, kind="stable")
+    w_sorted = np.take_along_axis(weight, order, axis=0)
+    wx_sorted = w_sorted * np.take_along_axis(x, order, axis=0)
+    first_half = order < M_BLOCK // 2
+    n_blocks = x.shape[1]
+    px = np.zeros((2, M_BLOCK + 1, n_blocks), dtype=F32)
+    pw = np.zeros((2, M_BLOCK + 1, n_blocks), dtype=F32)
+    for j in range(M_BLOCK):  # only the sum of the value's half moves; the other is carried as is
+        for h, mine in enumerate((first_half[j], ~first_half[j])):
+            px[h, j + 1] = np.where(mine, px[h, j] + wx_sorted[j], px[h, j])
+            pw[h, j + 1] = np.where(mine, pw[h, j] + w_sorted[j], pw[h, j])
+    qx, q2 = {}, {}
+    for h in (0, 1):
+        tx, tw = px[h, M_BLOCK], pw[h, M_BLOCK]
+        sx = px[h][_M_I1] + px[h][_M_I2]
+        qx[h, "p"], qx[h, "m"] = tx * _X_P[2] - sx, tx * _X_M[2] - sx
+        q2[h, "p"] = ((tw * _X_P[2]) * _X_P[2] + pw[h][_M_I1] * _CP1) + pw[h][_M_I2] * _CP2
+        q2[h, "m"] = ((tw * _X_M[2]) * _X_M[2] + pw[h][_M_I1] * _CM1) + pw[h][_M_I2] * _CM2
+    signs = (("p", "p"), ("p", "m"), ("m", "p"), ("m", "m"))
+    sum_qx = np.stack([qx[0, a] + qx[1, b] for a, b in signs], axis=1)  # [splits, 4, blocks]
+    sum_q2 = np.stack([q2[0, a] + q2[1, b] for a, b in signs], axis=1)
+
+    best = np.full(n_blocks, -np.finfo(F32).max, dtype=F32)
+    winner = np.full(n_blocks, -1, dtype=np.int64)
+    for c in range(_M_I1.size):
+        for k in range(4):
+            sqx, sq2 = sum_qx[c, k], sum_q2[c, k]
+            better = (sq2 > 0) & (sqx * sqx > best * sq2)
+            if better.any():
+                best = np.where(better, (sqx / sq2) * sqx, best)
+                winner = np.where(better, 4 * c + k, winner)
+    found = winner >= 0
+    w = np.maximum(winner, 0)
+    split, k = w // 4, w % 4
+    b = np.arange(n_blocks)
+    scale = sum_qx[split, k, b] / sum_q2[split, k, b]
+    rank = np.arange(M_BLOCK)[:, None]
+    sorted_levels = (rank >= _M_I1[split]).astype(np.int32) + (rank >= _M_I2[split])
+    levels = np.empty_like(sorted_levels)
+    np.put_along_axis(levels, order, sorted_levels, axis=0)
+    return scale, levels, k, found
+
+
+def _by_super_block(a: np.ndarray, n_super: int) -> np.ndarray:
+    """Position-major blocks of 16 [16, supers * 16] -> [256, supers]: the super-block's values in
+    memory order, for a sum over all of them in ggml's order."""
+    by_block = a.reshape(M_BLOCK, n_super, M_SUB_BLOCKS).transpose(2, 0, 1)
+    return np.ascontiguousarray(by_block).reshape(QK_K, n_super)
+
+
+def _minus_groups(k: np.ndarray) -> np.ndarray:
+    """[2, blocks]: whether each group of 8 of a block takes x_m, from its shift k."""
+    return np.stack([k >= 2, k % 2 == 1])
+
+
+@float_warnings_off
+def _iq1_m_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    x, weight = block_inputs(rows, importance, M_BLOCK, doubled_sigma2=True)
+    n_blocks = x.shape[1]
+    block_max = np.maximum.reduce(np.abs(x), axis=0)
+    scales = np.zeros(n_blocks, dtype=F32)
+    shifts = np.zeros(n_blocks, dtype=np.int64)
+    index = np.zeros((2, n_blocks), dtype=np.int32)
+    b = np.flatnonzero(~(block_max < _M_EPS))
+    if b.size:
+        scale, levels, k, found = _best_splits_m(x[:, b], weight[:, b])
+        b, scale, levels, k = b[found], scale[found], levels[:, found], k[found]
+    if b.size:
+        flip = scale < 0
+        levels = np.where(flip, 2 - levels, levels)
+        scale = np.where(flip, -scale, scale)
+        k = np.where(flip, 3 - k, k)
+        chosen, scale = _onto_grid(x[:, b], weight[:, b], levels, _minus_groups(k), scale, "IQ1_M")
+        assert_scales_valid(scale, "IQ1_M")
+        scales[b], shifts[b], index[:, b] = scale, k, chosen
+    stored = np.zeros(n_blocks, dtype=bool)
+    stored[b] = True
+
+    d, block_levels, nonzero = super_scales(scales, stored, M_SUB_BLOCKS, top=7)
+    n_super = d.size
+    # The super-block scale is refitted over all 256 values, in order, with every block at its
+    # 3-bit scale (empty blocks too: grid point 0, x_p, scale 1).
+    grid_levels = iq1_grid().levels[index].transpose(0, 2, 1).reshape(M_BLOCK, n_blocks)
+    q = _level_values(grid_levels, _minus_groups(shifts)) * (2 * block_levels.reshape(-1) + 1).astype(F32)
+    weight, q, x = (_by_super_block(a, n_super) for a in (weight, q, x))
+    wq = weight * q
+    sum_qx, sum_q2 = sum_from_zero(wq * x), sum_from_zero(wq * q)
+    d = np.where(sum_q2 > 0, sum_qx / sum_q2, d)
+    d_bits = fp16_bits(d * F32(1.1125)).astype(np.int32)
+
+    qh = (index[0] >> 8) | ((index[1] >> 8) << 4)  # [blocks]
+    qh = np.where(np.repeat(nonzero, M_SUB_BLOCKS), qh | _SHIFT_MASKS[shifts], qh)
+    sc = (block_levels << (3 * (np.arange(M_SUB_BLOCKS) % 4))).reshape(n_super, 4, 4).sum(axis=2)
+    sc |= ((d_bits[:, None] >> (4 * np.arange(4))) & 0xF) << 12
+    out = np.zeros((n_super, _IQ1_M_BYTES), dtype=np.uint8)
+    out[:, :32] = transposed(index).astype(np.uint8).reshape(n_super, -1)
+    out[:, 32:48] = qh.astype(np.uint8).reshape(n_super, -1)
+    out[:, 48:] = np.where(nonzero[:, None], sc, 0).astype("<u2").view(np.uint8)
+    return out.reshape(rows.shape[0], -1)
+
+
+@float_warnings_off
+def _iq1_m_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
+    blocks = np.ascontiguousarray(data).reshape(-1, _IQ1_M_BYTES)
+    sc = blocks[:, 48:].copy().view("<u2").astype(np.int32)  # [supers, 4]
+    d_bits = ((sc >> 12) << (4 * np.arange(4))).sum(axis=1)
+    d = fp16_value(d_bits.astype(np.uint16))
+    block_scale = (sc[:, :, None] >> (3 * np.arange(4))) & 7  # [supers, 16 blocks]
+    dl = d[:, None] * (2 * block_scale.reshape(-1, M_SUB_BLOCKS) + 1).astype(F32)
+    qh = blocks[:, 32:48].astype(np.int32)  # [supers, 16]
+    index = blocks[:, :32].reshape(-1, M_SUB_BLOCKS, 2).astype(np.int32) | (((qh[:, :, None] >> (4 * np.arange(2))) & 7) << 8)
+    delta = np.where((qh[:, :, None] >> (4 * np.arange(2) + 3)) & 1, -DELTA, DELTA)  # [supers, 16, 2]
+    grid = iq1_grid().levels[index].astype(F32) - F32(1)  # [supers, 16, 2, 8]
+    values = dl[:, :, None, None] * (grid + delta[..., None])
+    return values.reshape(data.shape[0], row_length)
+
+
 register(QuantFormat(GGMLType.IQ1_S, _iq1_s_quantize, _iq1_s_dequantize, supports_importance=True,
                      requires_importance=True, chunk_elements=1 << 15))
+register(QuantFormat(GGMLType.IQ1_M, _iq1_m_quantize, _iq1_m_dequantize, supports_importance=True, chunk_elements=1 << 15))
