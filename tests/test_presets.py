@@ -70,7 +70,7 @@ def test_types_match_llama_quantize(model_files, tmp_path, preset_name, model):
     assert ours == theirs
 
 
-@pytest.mark.parametrize("preset_name", ["Q2_K_S", "Q4_0", "Q5_0", "Q3_K_M", "Q4_K_M"])
+@pytest.mark.parametrize("preset_name", ["Q2_K_S", "Q4_0", "Q5_0", "Q3_K_M", "Q4_K_M", "IQ4_NL", "IQ4_XS"])
 @pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy"])
 def test_types_with_imatrix_match_llama_quantize(model_files, tmp_path, preset_name, model):
     src, cfg, shapes = model_files[model]

@@ -46,6 +46,10 @@ PRESETS: dict[str, Preset] = {
         Preset("Q5_K_S", FileType.MOSTLY_Q5_K_S, T.Q5_K),
         Preset("Q5_K_M", FileType.MOSTLY_Q5_K_M, T.Q5_K),
         Preset("Q6_K", FileType.MOSTLY_Q6_K, T.Q6_K),
+        Preset("IQ4_NL", FileType.MOSTLY_IQ4_NL, T.IQ4_NL),
+        Preset("IQ4_XS", FileType.MOSTLY_IQ4_XS, T.IQ4_XS),
+        Preset("TQ1_0", FileType.MOSTLY_TQ1_0, T.TQ1_0),
+        Preset("TQ2_0", FileType.MOSTLY_TQ2_0, T.TQ2_0),
     ]
 }
 
@@ -130,11 +134,15 @@ def allows_quantization(name: str, n_dims: int, options: QuantizeOptions) -> boo
     return not re.search(r"time_mix_(first|w[012]|v[012]|a[012]|g[12]|decay_w[12]|lerp_fused)\.weight", name)
 
 
+# Types llama-quantize refuses to make (but for token_embd and output) without an importance matrix.
+_NEED_IMATRIX = (T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_M, T.IQ1_S)
+
+
 def requires_importance(name: str, ggml_type: GGMLType, preset: Preset) -> bool:
     """llama.cpp refuses to make these without an importance matrix: the result would be garbage."""
     if _category(name) in ("token_embd", "output"):
         return False
-    return ggml_type == T.Q2_K and preset.name == "Q2_K_S"
+    return ggml_type in _NEED_IMATRIX or (ggml_type == T.Q2_K and preset.name == "Q2_K_S")
 
 
 def _category(name: str) -> str:
@@ -162,11 +170,21 @@ def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
+# llama.cpp's fallbacks for types whose blocks of 256 do not fit a row; a type of blocks of 32 or
+# less stays as it is (and becomes F16 below if even that does not fit).
+_FALLBACKS = {
+    T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0,
+    T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0, T.Q2_0: T.Q4_0,
+    T.IQ1_S: T.IQ4_NL, T.IQ1_M: T.IQ4_NL, T.IQ2_XXS: T.IQ4_NL, T.IQ2_XS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL,
+    T.IQ3_XXS: T.IQ4_NL, T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL,
+}
+
+
 def _fallback(row_length: int, ggml_type: GGMLType) -> GGMLType:
     """A type whose block fits the row length, as llama.cpp falls back (K-quants need rows of 256)."""
     if row_length % GGML_TYPE_LAYOUT[ggml_type].block_size == 0:
         return ggml_type
-    fallback = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}.get(ggml_type, ggml_type)
+    fallback = _FALLBACKS.get(ggml_type, ggml_type)
     if row_length % GGML_TYPE_LAYOUT[fallback].block_size:
         return T.F16
     return fallback
@@ -218,7 +236,7 @@ class TypeChooser:
                 return T.Q8_0
             return new_type if new_type == T.Q8_0 else T.Q6_K
         if category == "token_embd":
-            return new_type
+            return T.Q4_K if ftype in ("TQ1_0", "TQ2_0") else new_type
         if category == "attn_v":
             i, n = self.i_attention_wv, self.n_attention_wv
             self.i_attention_wv += 1
@@ -229,6 +247,8 @@ class TypeChooser:
             elif ftype == "Q3_K_M":
                 new_type = T.Q5_K if i < 2 else T.Q4_K
             elif ftype == "Q3_K_L":
+                new_type = T.Q5_K
+            elif ftype in ("IQ4_NL", "IQ4_XS") and f.n_gqa >= 4:
                 new_type = T.Q5_K
             elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
                 new_type = T.Q6_K
@@ -258,6 +278,8 @@ class TypeChooser:
                 if falcon:
                     return T.Q6_K if i < n // 16 else T.Q5_K if _use_more_bits(i, n) else T.Q4_K
                 return T.Q6_K if _use_more_bits(i, n) else new_type
+            if ftype in ("IQ4_NL", "IQ4_XS") and not self.options.has_imatrix and i < n // 8:
+                return T.Q5_K
             if ftype == "Q5_K_M" and _use_more_bits(i, n):
                 return T.Q6_K
             if ftype == "Q4_K_S" and not falcon and i < n // 8:
@@ -269,7 +291,7 @@ class TypeChooser:
             if falcon:
                 return T.Q4_K if ftype == "Q3_K_L" else new_type
             if f.n_expert == 8:
-                return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else new_type
+                return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M", "IQ4_NL", "IQ4_XS") else new_type
             return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ftype, new_type)
         return new_type
 
