@@ -18,7 +18,7 @@ from ggufsmith.quantize.presets import (
 )
 from tests.ggml_oracle import ggml_parse_gguf
 from tests.llama_gguf_models import write_llama_gguf
-from tests.requant_oracle import llama_quantize
+from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, llama_quantize
 
 pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -63,8 +63,7 @@ def _imatrix_for(shapes, rng):
     }
 
 
-# llama-quantize refuses these without an importance matrix: some tensor gets a type that needs one.
-NEED_IMATRIX = ["Q2_K_S", "IQ3_XXS", "IQ3_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"]
+NEED_IMATRIX = PRESETS_NEEDING_IMATRIX
 
 
 @pytest.mark.parametrize("preset_name", [p for p in PRESETS if p != "F32" and p not in NEED_IMATRIX])
