@@ -1,13 +1,15 @@
-"""llama.cpp's own converter (convert_hf_to_gguf.py) as a reference to compare ggufsmith with.
+"""llama.cpp's own converter (convert_hf_to_gguf.py) as a reference to compare ggufsmith with, and
+llama.cpp's vocabulary test files (models/ggml-vocab-*.gguf with their .inp/.out test vectors).
 
-The script, its `conversion` package and its `gguf-py` come from the llama-cpp-python sdist of the
-version the tests pin (the llama.cpp whose loader the tests also run), fetched once with pip and
-cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
+The script, its `conversion` package, its `gguf-py` and the vocabulary files come from the
+llama-cpp-python sdist of the version the tests pin (the llama.cpp whose loader the tests also
+run), fetched once with pip and cached. Locally the tests that need it are skipped when it cannot be fetched (no network); in CI
 (environment variable CI set) that is a failure, so a broken fetch cannot silently disable them.
 
     from tests.llamacpp_reference import run_reference_converter, reference_conversions
     run_reference_converter(model_dir, out_path, "f16")
     reference_conversions(model_dir, out_dir, ("f32", "f16"))  # {"f32": path, "f16": path}, cached
+    vocab_models_dir() / "ggml-vocab-llama-spm.gguf"
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import pytest
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
-# What the converter needs from the sdist: the script, its model classes and its gguf package.
-_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+# What the tests need from the sdist: the converter script, its model classes and its gguf package,
+# and the vocabulary test files (75 MB).
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+# Present once the whole extraction is done (the folder is renamed into place only when complete).
+_COMPLETE_MARKERS = ("convert_hf_to_gguf.py", "models/ggml-vocab-llama-spm.gguf.out")
 
 # The outtypes ggufsmith's llama files are compared with the reference's at.
 COMPARED_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
@@ -53,10 +58,16 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
+def _complete(folder: Path) -> bool:
+    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
+
+
 def reference_dir() -> Path:
-    """The folder holding convert_hf_to_gguf.py, conversion/ and gguf-py/ (fetched on first use)."""
-    target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
-    if (target / "convert_hf_to_gguf.py").is_file():
+    """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
+    (fetched on first use)."""
+    # The name says what it holds: caches of an older layout (without models/) are not reused.
+    target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
+    if _complete(target):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -77,14 +88,20 @@ def reference_dir() -> Path:
                 if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
                     member.name = relative
                     tar.extract(member, staging, filter="data")
-        if not (staging / "convert_hf_to_gguf.py").is_file():
-            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}convert_hf_to_gguf.py")
+        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        if missing:
+            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not (target / "convert_hf_to_gguf.py").is_file():
+            if not _complete(target):
                 raise
     return target
+
+
+def vocab_models_dir() -> Path:
+    """llama.cpp's models/ folder with the ggml-vocab-*.gguf files and their .inp/.out test vectors."""
+    return reference_dir() / "models"
 
 
 def reference_env() -> dict[str, str]:

@@ -107,11 +107,18 @@ def test_alignment_metadata_must_agree(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "key", ["General.name", "general..name", "general.name.", "général.name", "", "a b", "a-b", ".a", "a" * 65536]
+    "key", ["General.name", "general..name", "general.name.", "général.name", "", "a b", "-a.b", "a.-b", ".a", "a" * 65536]
 )
 def test_bad_keys(key):
     with pytest.raises(GGUFError):
         Metadata().add_string(key, "x")
+
+
+def test_architecture_names_with_hyphens_make_keys():
+    """llama.cpp names some architectures with a hyphen (command-r, gpt-oss) and reads their keys so."""
+    metadata = Metadata()
+    metadata.add_uint32("command-r.block_count", 40)
+    assert "command-r.block_count" in metadata
 
 
 def test_duplicate_key():
@@ -155,7 +162,7 @@ class _InterruptedFile:
 def test_keyboard_interrupt_mid_write_leaves_nothing(tmp_path):
     w = _two_tensor_writer(tmp_path / "out.gguf")
     w.write_tensor("a", A)
-    w._file = _InterruptedFile(w._file)
+    w._out.file = _InterruptedFile(w._out.file)
     with pytest.raises(KeyboardInterrupt):
         w.write_tensor("b", B)
     _assert_empty(tmp_path)

@@ -170,7 +170,7 @@ def test_empty_directory(tmp_path):
 
 def test_unreadable_json_names_the_file(qwen2_dir):
     (qwen2_dir / "tokenizer_config.json").write_text("{not json")
-    with pytest.raises(TokenizerError, match="tokenizer_config.json: cannot read JSON"):
+    with pytest.raises(TokenizerError, match="tokenizer_config.json: not valid JSON"):
         export_tokenizer(qwen2_dir)
 
 
@@ -182,12 +182,8 @@ def test_unreadable_json_names_the_file(qwen2_dir):
     [
         (lambda d: d["model"].update(type="WordPiece"), "WordPiece tokenizer model is not supported"),
         (lambda d: d["model"].update(type="Unigram"), "Unigram tokenizer model is not supported"),
-        (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer 'Lowercase'"),
-        (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}]}), "normalizer 'NFKC'"),
         (lambda d: d["model"].update(byte_fallback=True), "SentencePiece-style BPE with pre-tokenizer 'Sequence'"),
-        (lambda d: d["model"].update(dropout=0.1), "dropout"),
         (lambda d: d["model"].update(continuing_subword_prefix="##"), "continuing_subword_prefix"),
-        (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder 'Metaspace'"),
         (lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\w+"), "regexes not known"),
         (lambda d: d["model"].update(merges=[["a b", "c"]]), "a space"),
     ],
@@ -199,10 +195,41 @@ def test_unsupported_tokenizer_json_is_rejected(qwen2_dir, edit, message):
     assert "tokenizer.json" in str(raised.value)
 
 
+# --- what llama.cpp applies differently: one warning, or refused with strict ---------------------
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize(
+    "edit,cause,affected",
+    [
+        (lambda d: d.update(normalizer={"type": "Lowercase"}), "normalizer Lowercase", "upper-case letters"),
+        (lambda d: d.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFKC"}]}), "normalizer NFKC",
+         "NFKC normalization would change"),
+        (lambda d: d["model"].update(dropout=0.1), "dropout=0.1", "at random"),
+        (lambda d: d.update(decoder={"type": "Metaspace"}), "decoder Metaspace", "generated tokens"),
+        (lambda d: d["added_tokens"][-1].update(lstrip=True), "lstrip/rstrip", "spaces next to those tokens"),
+    ],
+)
+def test_what_llama_cpp_applies_differently_converts_with_one_warning(qwen2_dir, caplog, edit, cause, affected):
+    _edit_tokenizer_json(qwen2_dir, edit)
+    metadata = export_tokenizer(qwen2_dir)
+    assert metadata.get("tokenizer.ggml.pre") == "qwen2"
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert cause in warnings[0] and affected in warnings[0], warnings[0]
+    with pytest.raises(TokenizerError, match="refused by --strict-tokenizer") as raised:
+        export_tokenizer(qwen2_dir, strict=True)
+    assert cause in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_nfc_normalizer_is_accepted_with_a_warning(qwen2_dir, caplog):
     # Qwen2's NFC: llama.cpp does not normalize, but NFC text (nearly all text) is unchanged by it.
     assert export_tokenizer(qwen2_dir).get("tokenizer.ggml.pre") == "qwen2"
-    assert "NFC" in caplog.text
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "normalizer NFC" in warnings[0], warnings
 
 
 def test_sentencepiece_model_needs_no_sentencepiece_package(sp_dir, monkeypatch):

@@ -6,14 +6,13 @@ merges, added tokens, and the model's real pre_tokenizer config from tests/token
 or a SentencePiece tokenizer.model. Two checks per string:
   - transformers / sentencepiece on the rebuilt files give the .out ids (the rebuild is faithful);
   - llama.cpp on our export of those files gives the .out ids (our export is faithful).
-The vocab files live in llama.cpp's source tree, which these tests read when it is present.
+The vocab files come from the llama-cpp-python sdist (tests/llamacpp_reference.py fetches it).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,10 @@ from ggufsmith.tokenizer import export_tokenizer
 from ggufsmith.tokenizer import pretokenizer as pt
 from ggufsmith.gguf_writer.reader import GGUFReader
 from tests import tokenizer_configs as configs
+from tests.llamacpp_reference import vocab_models_dir
 from tests.tokenizer_helpers import load_llama_vocab, write_vocab_gguf
 
-MODELS = Path(os.environ.get("LLAMA_CPP_SOURCE", "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")) / "models"
-pytestmark = [
-    pytest.mark.slow,  # vocabularies of up to 256k tokens
-    pytest.mark.skipif(not MODELS.is_dir(), reason="llama.cpp's models/ vocab files not found"),
-]
-pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.slow  # vocabularies of up to 256k tokens
 
 # vocab name -> (pre_tokenizer config, normalizer, BPE ignore_merges, pre-tokenizer names llama.cpp
 # maps to the same regexes as the file's own)
@@ -54,8 +49,9 @@ _SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
 def _cases(name: str) -> list[tuple[str, list[int]]]:
-    texts = (MODELS / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(_SEPARATOR)
-    lines = (MODELS / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    models = vocab_models_dir()
+    texts = (models / f"ggml-vocab-{name}.gguf.inp").read_text(encoding="utf-8").split(_SEPARATOR)
+    lines = (models / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
     return [(text, [int(t) for t in line.split()]) for text, line in zip(texts, lines)]
 
 
@@ -63,7 +59,7 @@ def _cases(name: str) -> list[tuple[str, list[int]]]:
 def _fields(name: str) -> dict:
     # Our reader (tested against gguf-py elsewhere) only loads the input vocabulary here; gguf-py's
     # takes ~40 s on a 256k vocabulary.
-    with GGUFReader(MODELS / f"ggml-vocab-{name}.gguf") as reader:
+    with GGUFReader(vocab_models_dir() / f"ggml-vocab-{name}.gguf") as reader:
         return {key: value.plain() for key, value in reader.metadata.items()}
 
 

@@ -1,6 +1,7 @@
 """Our tokenizer keys against what llama.cpp's own convert_hf_to_gguf.py writes for the same directory.
 
-The reference converter runs from the llama-cpp-python source tree (with its bundled gguf-py) on a
+The reference converter runs from the llama-cpp-python sdist (with its bundled gguf-py; fetched by
+tests/llamacpp_reference.py) on a
 tiny LlamaForCausalLM. It names BPE pre-tokenizers by hashing the tokens of a test string, which
 knows only published models, so for our freshly trained BPE tokenizers it is told the name; every
 other key is its own. The differences that remain are the deliberate ones listed below.
@@ -14,18 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
 import pytest
+import torch
 
 from ggufsmith.tokenizer import export_tokenizer
+from tests.llamacpp_reference import reference_dir
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
-LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_SOURCE", "/work/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp"))
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file(), reason="llama.cpp source tree not found"),
-]
-gguf = pytest.importorskip("gguf")
-torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.slow
 
 _RUNNER = """
 import os, runpy, sys
@@ -68,7 +66,7 @@ def _tiny_model(model_dir: Path, vocab_size: int) -> None:
 def _reference_keys(model_dir: Path, out: Path, pre: str | None) -> dict:
     env = dict(os.environ, FORCE_PRE=pre or "")
     subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(LLAMA_CPP), str(model_dir), "--outfile", str(out), "--outtype", "f32"],
+        [sys.executable, "-c", _RUNNER, str(reference_dir()), str(model_dir), "--outfile", str(out), "--outtype", "f32"],
         check=True, env=env, capture_output=True, timeout=300,
     )
     reader = gguf.GGUFReader(out)

@@ -223,10 +223,24 @@ def train_bpe(model_dir: Path, style: str, vocab_size: int = 1500) -> Path:
     return model_dir
 
 
-def train_bpe_for_table_entry(model_dir: Path, name: str, vocab_size: int = 1500) -> Path:
+def train_bpe_for_table_entry(
+    model_dir: Path,
+    name: str,
+    vocab_size: int = 1500,
+    *,
+    specials: tuple[str, ...] = ("<|endoftext|>",),
+    bos: str | None = None,
+    eos: str = "<|endoftext|>",
+    model_type: str | None = None,
+    nfc: bool = False,
+    **tokenizer_config,
+) -> Path:
     """A byte-level BPE tokenizer whose pre_tokenizer is built from one entry of our
-    pre-tokenizer table, with that entry's ignore_merges and clean-up flags."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    pre-tokenizer table, with that entry's ignore_merges and clean-up flags, and a config.json with
+    `model_type` (by default the entry's family, if it has one). `bos`, when given, is put before every
+    sequence by the post-processor, as Llama 3-style tokenizers do; `tokenizer_config` adds entries
+    (chat_template, ...) to tokenizer_config.json."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     from ggufsmith.tokenizer import pretokenizer as pt
@@ -249,15 +263,25 @@ def train_bpe_for_table_entry(model_dir: Path, name: str, vocab_size: int = 1500
     tokenizer = Tokenizer(models.BPE(ignore_merges=entry.ignore_merges))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    if nfc:
+        tokenizer.normalizer = normalizers.NFC()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>"],
+        special_tokens=list(specials),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(training_text(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    if bos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.token_to_id(bos))]
+        )
+    else:
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos or eos, eos_token=eos)
     fast.save_pretrained(model_dir)
-    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=entry.clean_spaces)
+    write_tokenizer_config(model_dir, clean_up_tokenization_spaces=entry.clean_spaces, **tokenizer_config)
+    model_type = model_type or (entry.model_types[0] if entry.model_types else None)
+    if model_type:
+        (model_dir / "config.json").write_text(json.dumps({"model_type": model_type}))
     return model_dir

@@ -5,18 +5,26 @@ the model card's YAML front matter (README.md), then the model id in config.json
 `_name_or_path` (only when it looks like "org/name", not a local path), then the folder name.
 A model id such as "Mistral-7B-Instruct-v0.2" is split into basename, size label, finetune and
 version. Recommended sampling settings come from generation_config.json.
+
+A value of the wrong type in generation_config.json is an error naming the key (the file configures
+the model's use); in the model card it is a warning and the key is left out (the card is prose
+metadata, see readers/model_card.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ggufsmith.constants import GGUFValueType, Keys
+from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.readers.jsonfile import read_json, shown
+from ggufsmith.readers.model_card import ModelCard
 
 G = Keys.General
 
@@ -164,67 +172,10 @@ def count_parameters(tensors: list[tuple[str, tuple[int, ...]]]) -> ParameterCou
     return count
 
 
-@dataclass
-class _Card:
-    values: dict[str, Any] = field(default_factory=dict)
-
-    def first(self, *keys: str) -> Any:
-        for k in keys:
-            if self.values.get(k) is not None:
-                return self.values[k]
-        return None
-
-    def listed(self, *keys: str) -> list:
-        out: list = []
-        for k in keys:
-            v = self.values.get(k)
-            if isinstance(v, str):
-                out.append(v)
-            elif isinstance(v, list):
-                out.extend(v)
-        return out
-
-
-def read_model_card(model_dir: Path) -> dict[str, Any]:
-    """The YAML front matter of README.md ({} when there is none or it cannot be parsed)."""
-    path = model_dir / "README.md"
-    if not path.is_file():
-        return {}
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    if not lines or lines[0] != "---":
-        return {}
-    body = []
-    for line in lines[1:]:
-        if line == "---":
-            break
-        body.append(line)
-    text = "\n".join(body) + "\n"
-    # YAML 1.1 reads the language code "no" (Norwegian) as false; tabs are not YAML indentation.
-    text = text.replace("- no\n", '- "no"\n').replace("\t", "  ")
-    try:
-        import yaml
-
-        data = yaml.safe_load(text)
-    except Exception:  # a broken model card must not stop a conversion
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _hub_reference(ref: Any, total_params: int) -> dict[str, str]:
+def _hub_reference(ref: str | dict[str, str], total_params: int) -> dict[str, str]:
     """A base model or data set named in the model card, as name/organization/version/repo_url."""
     if isinstance(ref, dict):
-        return {k: str(v) for k, v in ref.items()}
-    if not isinstance(ref, str):
-        return {}
+        return ref
     entry: dict[str, str] = {}
     hub_id = ref
     if ref.startswith(("http://", "https://", "ssh://")):
@@ -261,10 +212,44 @@ _SAMPLING = (  # generation_config.json name(s) -> key, type
 )
 
 
+GENERATION_CONFIG = "generation_config.json"
+_INT32_RANGE = range(-(2**31), 2**31)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _add_sampling(md: Metadata, path: Path) -> None:
+    """The recommended sampling settings of generation_config.json, each checked for type and range."""
+    if not path.is_file():
+        return
+    generation = read_json(path)
+    for names, key, vtype in _SAMPLING:
+        name = next((n for n in names if generation.get(n) is not None), None)
+        if name is not None:
+            md.add(key, _sampling_value(path, name, generation[name], vtype), vtype)
+
+
+def _sampling_value(path: Path, name: str, value: Any, vtype: GGUFValueType) -> Any:
+    if vtype == GGUFValueType.STRING:
+        if isinstance(value, str):
+            return value
+        expected = "a string"
+    elif vtype == GGUFValueType.INT32:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # 40.0 is 40: some tools write every number as a float
+        if isinstance(value, int) and not isinstance(value, bool) and value in _INT32_RANGE:
+            return value
+        expected = "an integer (32-bit)"
+    else:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= _FLOAT32_MAX:
+            return float(value)
+        expected = "a finite number within float32 range"
+    raise ConversionError(f"{path}: {name} is {shown(value)}, expected {expected}; fix or remove it")
+
+
 def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterCount, name: str | None = None) -> Metadata:
     """general.type, the sampling settings and the authorship keys, in llama.cpp's order."""
     model_dir = Path(model_dir)
-    card = _Card(read_model_card(model_dir))
+    card = ModelCard.from_dir(model_dir)
     found: dict[str, Any] = {}
 
     def take(field_name: str, value: Any) -> None:
@@ -278,9 +263,10 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
         ("basename", ("basename", "model_basename", "model_type")), ("size_label", ("size_label", "model_size_label")),
         ("source_url", ("url", "model_url")), ("source_doi", ("doi", "model_doi")),
         ("source_uuid", ("uuid", "model_uuid")), ("source_repo_url", ("repo_url", "model_repo_url")),
-        ("license", ("license",)), ("license_name", ("license_name",)), ("license_link", ("license_link",)),
+        ("license_name", ("license_name",)), ("license_link", ("license_link",)),
     ):
-        take(field_name, card.first(*keys))
+        take(field_name, card.text(*keys))
+    take("license", card.text("license", allow_list=True))
 
     name_or_path = config.get("_name_or_path")
     ids = []
@@ -302,11 +288,7 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
 
     md = Metadata()
     md.add_string(G.TYPE, "model")
-    generation = _read_json(model_dir / "generation_config.json")
-    for names, key, vtype in _SAMPLING:
-        value = next((generation[n] for n in names if generation.get(n) is not None), None)
-        if value is not None:
-            md.add(key, int(value) if vtype == GGUFValueType.INT32 else value, vtype)
+    _add_sampling(md, model_dir / GENERATION_CONFIG)
     for field_name, key in (
         ("name", G.NAME), ("author", G.AUTHOR), ("version", G.VERSION), ("organization", G.ORGANIZATION),
         ("finetune", G.FINETUNE), ("basename", G.BASENAME), ("description", G.DESCRIPTION),
@@ -323,16 +305,16 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
     ):
         if found.get(field_name) is not None:
             md.add_string(key, str(found[field_name]))
-    _add_references(md, card.listed("base_model") or card.listed("base_models") or card.listed("base_model_sources"),
+    _add_references(md, card.references("base_model", "base_models", "base_model_sources"),
                     G.BASE_MODEL_COUNT, _BASE_MODEL_KEYS, params.total)
-    _add_references(md, card.listed("datasets") or card.listed("dataset") or card.listed("dataset_sources"),
+    _add_references(md, card.references("datasets", "dataset", "dataset_sources"),
                     G.DATASET_COUNT, _DATASET_KEYS, params.total)
-    tags = card.listed("tags", "pipeline_tag")
+    tags = card.texts("tags", "pipeline_tag")
     if tags:
-        md.add_array(G.TAGS, [str(t) for t in tags], GGUFValueType.STRING)
-    languages = card.listed("languages", "language")
+        md.add_array(G.TAGS, tags, GGUFValueType.STRING)
+    languages = card.texts("languages", "language")
     if languages:
-        md.add_array(G.LANGUAGES, [str(lang) for lang in languages], GGUFValueType.STRING)
+        md.add_array(G.LANGUAGES, languages, GGUFValueType.STRING)
     return md
 
 

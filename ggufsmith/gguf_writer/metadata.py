@@ -19,8 +19,9 @@ from ggufsmith.constants import GGUF_MAX_ARRAY_DEPTH, GGUF_MAX_KEY_BYTES, GGUFVa
 from ggufsmith.errors import GGUFError
 
 # lower_snake_case segments separated by dots; digits allowed after the first letter of a segment
-# and as whole segments (general.base_model.0.name).
-_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_]*(\.[a-z0-9][a-z0-9_]*)*$")
+# and as whole segments (general.base_model.0.name). A hyphen too: llama.cpp's architecture names
+# (command-r, gpt-oss, jina-bert-v3) are the first segment of their keys.
+_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*(\.[a-z0-9][a-z0-9_-]*)*$")
 
 _INT_RANGES = {
     GGUFValueType.UINT8: (0, 2**8 - 1),

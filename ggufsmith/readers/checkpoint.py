@@ -9,11 +9,11 @@ and, within a file, in the file's own order.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
@@ -53,6 +53,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     config = HFConfig.from_dir(model_dir)
     files, weight_map = _weight_files(model_dir)
     checkpoint = Checkpoint(model_dir, config, {}, files)
+    file_of: dict[str, Path] = {}  # tensor name -> the file it was read from
     try:
         for path in files:
             if path.suffix == ".safetensors":
@@ -64,11 +65,13 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
 
                 part = read_torch_bin(path)
             for name, tensor in part.items():
-                if name in checkpoint.tensors:
-                    raise ConversionError(f"tensor {name!r} is in {path} and in {checkpoint.tensors[name].source}")
+                if name in file_of:
+                    raise ConversionError(f"tensor {name!r} is in {path} and in {file_of[name]}; "
+                                          "the shards come from different downloads")
                 checkpoint.tensors[name] = tensor
+                file_of[name] = path
         if weight_map is not None:
-            _check_index(model_dir, weight_map, checkpoint.tensors)
+            _check_index(model_dir, weight_map, file_of)
     except BaseException:
         checkpoint.close()
         raise
@@ -80,7 +83,7 @@ def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     for index_name, single_name in ((SAFETENSORS_INDEX, SAFETENSORS_SINGLE), (TORCH_INDEX, TORCH_SINGLE)):
         index_path = model_dir / index_name
         if index_path.is_file():
-            weight_map = _read_weight_map(index_path)
+            weight_map = _read_weight_map(index_path, Path(single_name).suffix)
             shards = sorted(set(weight_map.values()))
             missing = [s for s in shards if not (model_dir / s).is_file()]
             if missing:
@@ -96,33 +99,39 @@ def _weight_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
     )
 
 
-def _read_weight_map(index_path: Path) -> dict[str, str]:
-    try:
-        with open(index_path, encoding="utf-8") as f:
-            index = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"{index_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        raise ConversionError(f"{index_path}: has no valid \"weight_map\" of tensor name -> shard file")
-    for shard in weight_map.values():
-        if Path(shard).name != shard:
-            raise ConversionError(f"{index_path}: shard {shard!r} is not a plain file name in the model folder")
+def _read_weight_map(index_path: Path, shard_suffix: str) -> dict[str, str]:
+    """The index's "weight_map" (tensor name -> shard file name), every entry checked."""
+    index = read_json(index_path, unique_keys=True)  # a tensor named twice could map to two shards
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConversionError(f"{index_path}: \"weight_map\" is {_shown(weight_map)}; "
+                              "expected an object of tensor name -> shard file, the index is damaged")
+    for name, shard in weight_map.items():
+        if not (isinstance(shard, str) and shard.endswith(shard_suffix) and Path(shard).name == shard):
+            raise ConversionError(
+                f"{index_path}: weight_map[{name!r}] is {_shown(shard)}, not the name of a {shard_suffix} "
+                "file in the model folder; the index is damaged"
+            )
     return weight_map
 
 
-def _check_index(model_dir: Path, weight_map: dict[str, str], tensors: dict[str, LazyTensor]) -> None:
-    """The index and the shards must agree: a missing tensor means a truncated or mixed download."""
-    missing = [n for n in weight_map if n not in tensors]
+def _check_index(model_dir: Path, weight_map: dict[str, str], file_of: dict[str, Path]) -> None:
+    """The index and the shards must agree: a disagreement means a truncated or mixed download."""
+    missing = [n for n in weight_map if n not in file_of]
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise ConversionError(
             f"{model_dir}: tensor(s) {shown} are in the index but not in shard {weight_map[missing[0]]}; "
             "the shard is incomplete, download it again"
         )
-    extra = [n for n in tensors if n not in weight_map]
-    if extra:
-        raise ConversionError(
-            f"{model_dir}: tensor {extra[0]!r} ({tensors[extra[0]].source}) is not in the index; "
-            "the index and the shards come from different downloads"
-        )
+    for name, path in file_of.items():
+        if name not in weight_map:
+            raise ConversionError(
+                f"{model_dir}: tensor {name!r} ({path.name}) is not in the index; "
+                "the index and the shards come from different downloads"
+            )
+        if weight_map[name] != path.name:
+            raise ConversionError(
+                f"{model_dir}: tensor {name!r} is in {path.name} but the index puts it in {weight_map[name]}; "
+                "the index and the shards come from different downloads"
+            )

@@ -3,9 +3,19 @@
 Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
-  "gpt2"   a tokenizer.json byte-level BPE (tokens, merges, types, and the named pre-tokenizer)
+  "gpt2"   a byte-level BPE (tokens, merges, types, and the named pre-tokenizer), from tokenizer.json
+           or, without one, from the slow files vocab.json + merges.txt
+  "gemma4" Gemma 4's tokenizer.json (BPE merges over "▁"-escaped text; llama.cpp's gemma4 tokenizer),
+           chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
-Anything llama.cpp would tokenize differently from transformers raises TokenizerError.
+What llama.cpp's own converter converts is converted. Where llama.cpp will then tokenize some text
+differently from transformers / sentencepiece (a normalization it does not apply, added tokens that
+strip spaces, ...), one warning says what differs and for which text; with strict=True that is a
+TokenizerError instead. What llama.cpp cannot represent at all (SentencePiece Unigram, WordPiece,
+suffix spaces, ...) is always a TokenizerError.
+
+Public readers of the untrusted files (each raises only TokenizerError): load_tokenizer_json(path),
+load_sentencepiece_model(path).
 """
 
 from __future__ import annotations
@@ -16,17 +26,23 @@ from ggufsmith.errors import TokenizerError
 from ggufsmith.gguf_writer.metadata import Metadata
 
 from .bpe import load_bpe_vocabulary
+from .bpe_vocab_files import MERGES_TXT, VOCAB_JSON, has_bpe_vocab_files, tokenizer_json_from_vocab_files
 from .chat_template import add_chat_template_metadata
-from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles, read_json_object
+from .differences import TokenizationDifferences
+from .gemma4 import load_gemma4_vocabulary
+from .hf_files import TOKENIZER_JSON, TOKENIZER_MODEL, TokenizerFiles
 from .pretokenizer import identify_pre_tokenizer
 from .rwkv_world import RWKV_WORLD_VOCAB, export_rwkv_world, has_rwkv_world_vocab
 from .sentencepiece import is_sentencepiece_model, load_sentencepiece_vocabulary
+from .sentencepiece import load_model_proto as load_sentencepiece_model
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
+from .tokenizer_json import load_tokenizer_json
 
-__all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer"]
+__all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer", "load_sentencepiece_model",
+           "load_tokenizer_json"]
 
-KINDS = ("llama", "gpt2", "rwkv")
+KINDS = ("llama", "gpt2", "gemma4", "rwkv")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
@@ -39,36 +55,47 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
         return "llama"
     if json_file.is_file():
         if tokenizer_json is None:
-            tokenizer_json = read_json_object(json_file)
+            tokenizer_json = load_tokenizer_json(json_file)
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
+    if has_bpe_vocab_files(model_dir):
+        return "gpt2"
     if has_rwkv_world_vocab(model_dir):
         return "rwkv"
     raise TokenizerError(
-        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON} or {RWKV_WORLD_VOCAB})"
+        f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON}, "
+        f"{VOCAB_JSON} + {MERGES_TXT} or {RWKV_WORLD_VOCAB})"
     )
 
 
-def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: str | None = None) -> Metadata:
+def export_tokenizer(
+    model_dir: Path, *, vocab_size: int | None = None, kind: str | None = None, strict: bool = False
+) -> Metadata:
     """Every tokenizer.* key llama.cpp reads for the tokenizer in `model_dir`.
 
     `vocab_size` (config.json's) pads the vocabulary with unused [PAD<id>] tokens up to the model's
     embedding rows; a larger tokenizer is an error. `kind` ("llama", "gpt2" or "rwkv") overrides detection.
+    `strict` refuses a tokenizer that llama.cpp would apply differently on some text (see above).
     """
     model_dir = Path(model_dir)
     json_file = model_dir / TOKENIZER_JSON
-    tokenizer_json = read_json_object(json_file)  # {} when absent; parsed once, it can be large
+    tokenizer_json = load_tokenizer_json(json_file)  # {} when absent; parsed once, it can be large
     kind = kind or detect_kind(model_dir, tokenizer_json)
     if kind == "rwkv":
         return export_rwkv_world(model_dir, vocab_size=vocab_size)
     files = TokenizerFiles.load(model_dir)
+    differences = TokenizationDifferences(model_dir)
     post_processor = None
     fallback_ids: dict[str, int] = {}
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
-        if model_file.is_file() and is_sentencepiece_model(model_file):
-            vocab, fallback_ids = load_sentencepiece_vocabulary(model_dir, files, model_file, tokenizer_json)
+        # Without a SentencePiece-style tokenizer.json to fall back on, a damaged tokenizer.model is
+        # read anyway, so that the error says what is wrong with it.
+        if model_file.is_file() and (is_sentencepiece_model(model_file) or not is_sentencepiece_style(tokenizer_json)):
+            vocab, fallback_ids = load_sentencepiece_vocabulary(
+                model_dir, files, model_file, tokenizer_json, differences
+            )
         elif is_sentencepiece_style(tokenizer_json):
-            vocab = load_sentencepiece_json_vocabulary(json_file, tokenizer_json, files)
+            vocab = load_sentencepiece_json_vocabulary(json_file, tokenizer_json, files, differences)
             post_processor = tokenizer_json.get("post_processor")
         else:
             raise TokenizerError(
@@ -78,17 +105,31 @@ def export_tokenizer(model_dir: Path, *, vocab_size: int | None = None, kind: st
         # transformers' LlamaTokenizer adds <s> but not </s> unless tokenizer_config.json says otherwise.
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":
+        source = json_file
         if not json_file.is_file():
-            raise TokenizerError(f"{json_file}: missing; a 'gpt2' (BPE) tokenizer needs it")
-        vocab = load_bpe_vocabulary(json_file, tokenizer_json, files)
+            if not has_bpe_vocab_files(model_dir):
+                raise TokenizerError(
+                    f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; "
+                    "a 'gpt2' (BPE) tokenizer needs one of them"
+                )
+            tokenizer_json = tokenizer_json_from_vocab_files(model_dir, files)
+            source = model_dir / VOCAB_JSON
+        vocab = load_bpe_vocabulary(source, tokenizer_json, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
+    elif kind == "gemma4":
+        if not is_sentencepiece_style(tokenizer_json):
+            raise TokenizerError(f"{json_file}: missing or not a BPE with byte_fallback; a 'gemma4' tokenizer needs it")
+        vocab = load_gemma4_vocabulary(json_file, tokenizer_json, files, differences)
+        post_processor = tokenizer_json.get("post_processor")
+        default_add_bos, default_add_eos = True, False  # GemmaTokenizer's defaults
     else:
         raise TokenizerError(f"{model_dir}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
 
     if vocab_size is not None:
         vocab.pad_to(vocab_size)
     vocab.check_unique()
+    differences.report(strict)
 
     metadata = Metadata()
     vocab.to_metadata(metadata)

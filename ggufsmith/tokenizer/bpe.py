@@ -2,45 +2,36 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .hf_files import TokenizerFiles
+from .differences import TokenizationDifferences, hf_normalizer_text, note_space_stripping
+from .hf_files import TOKENIZER_CONFIG, TokenizerFiles, config_added_tokens, get_typed, tokenizer_json_added_tokens
 from .pretokenizer import identify_pre_tokenizer
+from .tokenizer_json import component_steps
 from .vocab import Vocabulary, added_token_type
 
-log = logging.getLogger(__name__)
-
-# Normalizers llama.cpp does not apply but that leave almost all real text unchanged (text already
-# in NFC). Accepted with a warning; any other normalizer is rejected.
-_TOLERATED_NORMALIZERS = {"NFC"}
 
 
-def _check_normalizer(normalizer: dict[str, Any] | None, path: Path) -> None:
-    if not normalizer:
-        return
-    steps = normalizer.get("normalizers", []) if normalizer.get("type") == "Sequence" else [normalizer]
-    for step in steps:
-        kind = step.get("type")
-        if kind in _TOLERATED_NORMALIZERS:
-            log.warning("%s: normalizer %s is not applied by llama.cpp; input that is not %s will tokenize "
-                        "differently", path, kind, kind)
-        else:
-            raise TokenizerError(f"{path}: normalizer {kind!r} is not applied by llama.cpp's BPE tokenizer")
+def _check_normalizer(normalizer: dict[str, Any] | None, path: Path, differences: TokenizationDifferences) -> None:
+    """llama.cpp's BPE tokenizer normalizes nothing: each normalizer step is a difference."""
+    for step in component_steps(normalizer, "normalizers", path, "normalizer"):
+        differences.add(f"{path.name}'s normalizer {step['type']}", hf_normalizer_text(step))
 
 
-def _check_model(model: dict[str, Any], path: Path) -> None:
+def _check_model(model: dict[str, Any], path: Path, differences: TokenizationDifferences) -> None:
     kind = model.get("type")
     if kind != "BPE":
         raise TokenizerError(f"{path}: {kind} tokenizer model is not supported (only byte-level BPE)")
     if model.get("dropout"):
-        raise TokenizerError(f"{path}: BPE dropout={model['dropout']} makes tokenization random; not supported")
+        differences.add(f"{path.name}'s BPE dropout={model['dropout']}",
+                        "every text (transformers picks merges at random; llama.cpp always applies them all)")
     for option in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(option):
+            # Every word's pieces would be spelled differently: another tokenizer, not a difference.
             raise TokenizerError(f"{path}: BPE {option}={model[option]!r} is not supported by llama.cpp")
     if model.get("byte_fallback"):
         raise TokenizerError(
@@ -49,16 +40,14 @@ def _check_model(model: dict[str, Any], path: Path) -> None:
         )
 
 
-def _check_decoder(decoder: dict[str, Any] | None, path: Path) -> None:
-    if not decoder:
-        return
-    steps = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
-    for step in steps:
-        if step.get("type") != "ByteLevel":
-            raise TokenizerError(f"{path}: decoder {step.get('type')!r} is not supported (only ByteLevel)")
+def _check_decoder(decoder: dict[str, Any] | None, path: Path, differences: TokenizationDifferences) -> None:
+    for step in component_steps(decoder, "decoders", path, "decoder"):
+        if step["type"] != "ByteLevel":
+            differences.add(f"{path.name}'s decoder {step['type']}",
+                            "the text of generated tokens (llama.cpp decodes byte-level BPE only)")
 
 
-def _merges(model: dict[str, Any], path: Path) -> list[str]:
+def bpe_merges(model: dict[str, Any], path: Path) -> list[str]:
     """Merges as the "left right" strings llama.cpp splits at the first space."""
     merges = []
     for merge in model.get("merges") or []:
@@ -67,42 +56,40 @@ def _merges(model: dict[str, Any], path: Path) -> list[str]:
         elif isinstance(merge, list) and len(merge) == 2 and all(isinstance(part, str) for part in merge):
             left, right = merge
         else:
-            raise TokenizerError(f"{path}: merge {merge!r} is neither \"left right\" nor [left, right]")
+            raise TokenizerError(f"{path}: merge {merge!r:.60} is neither \"left right\" nor [left, right]")
         if not left or not right or " " in left or " " in right:
             raise TokenizerError(
-                f"{path}: merge {merge!r} has an empty part or a space, which llama.cpp cannot represent"
+                f"{path}: merge {merge!r:.60} has an empty part or a space, which llama.cpp cannot represent"
             )
         merges.append(f"{left} {right}")
     return merges
 
 
-def load_bpe_vocabulary(path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles) -> Vocabulary:
+def load_bpe_vocabulary(
+    path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles, differences: TokenizationDifferences
+) -> Vocabulary:
+    """The byte-level BPE vocabulary of a checked tokenizer.json (see tokenizer_json.check_tokenizer_json)."""
     model = tokenizer_json.get("model") or {}
-    _check_model(model, path)
-    _check_normalizer(tokenizer_json.get("normalizer"), path)
-    _check_decoder(tokenizer_json.get("decoder"), path)
-    clean_spaces = files.tokenizer_config.get("clean_up_tokenization_spaces")
+    _check_model(model, path, differences)
+    _check_normalizer(tokenizer_json.get("normalizer"), path, differences)
+    _check_decoder(tokenizer_json.get("decoder"), path, differences)
+    config_path = files.model_dir / TOKENIZER_CONFIG
+    clean_spaces = get_typed(files.tokenizer_config, "clean_up_tokenization_spaces", bool, config_path)
     pre = identify_pre_tokenizer(
         tokenizer_json.get("pre_tokenizer"),
         path,
         ignore_merges=bool(model.get("ignore_merges", False)),
-        clean_spaces=clean_spaces if isinstance(clean_spaces, bool) else None,
+        clean_spaces=clean_spaces,
+        model_type=files.model_type,
     )
-    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=_merges(model, path))
+    vocab = Vocabulary(model="gpt2", pre=pre, source=path, merges=bpe_merges(model, path))
     for text, token_id in sorted((model.get("vocab") or {}).items(), key=lambda item: item[1]):
-        vocab.set_token(int(token_id), text, TokenType.NORMAL)
+        vocab.set_token(token_id, text, TokenType.NORMAL)
 
-    added = [(int(t["id"]), t) for t in tokenizer_json.get("added_tokens") or []]
-    known_ids = {i for i, _ in added}
-    for token_id, item in (files.tokenizer_config.get("added_tokens_decoder") or {}).items():
-        if int(token_id) not in known_ids and isinstance(item, dict):
-            added.append((int(token_id), item))
-    for token_id, item in sorted(added, key=lambda entry: entry[0]):
-        text = item.get("content")
-        if not isinstance(text, str) or not text:
-            raise TokenizerError(f"{path}: added token {token_id} has no content")
-        if item.get("lstrip") or item.get("rstrip"):
-            log.warning("%s: added token %r strips neighbouring spaces in transformers; llama.cpp keeps them",
-                        path, text)
-        vocab.set_token(token_id, text, added_token_type(text, bool(item.get("special"))))
+    added = tokenizer_json_added_tokens(tokenizer_json, path)
+    known_ids = {token.id for token in added}
+    added += [token for token in config_added_tokens(files.tokenizer_config, config_path) if token.id not in known_ids]
+    note_space_stripping(added, differences)
+    for token in sorted(added, key=lambda token: token.id):
+        vocab.set_token(token.id, token.content, added_token_type(token.content, bool(token.special)))
     return vocab

@@ -22,9 +22,10 @@ def _read_text(path: Path) -> str:
         raise TokenizerError(f"{path}: cannot read chat template ({e})") from e
 
 
-def find_chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str | list[dict[str, str]] | None:
-    """A chat_template.jinja file wins over tokenizer_config.json (as in transformers), which wins
-    over chat_template.json. Returns a string or a list of {"name", "template"} dicts."""
+def find_chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> tuple[Any, Path]:
+    """The chat template and the file it came from. A chat_template.jinja file wins over
+    tokenizer_config.json (as in transformers), which wins over chat_template.json. The template is
+    a string, a list of {"name", "template"} dicts, or None; anything else is checked by the caller."""
     jinja = model_dir / CHAT_TEMPLATE_JINJA
     if jinja.is_file():
         template: str | list[dict[str, str]] = _read_text(jinja)
@@ -32,10 +33,11 @@ def find_chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str
         if extra:
             template = [{"name": "default", "template": template}]
             template += [{"name": p.stem, "template": _read_text(p)} for p in extra]
-        return template
+        return template, jinja
     if "chat_template" in tokenizer_config:
-        return tokenizer_config["chat_template"]
-    return read_json_object(model_dir / CHAT_TEMPLATE_JSON).get("chat_template")
+        return tokenizer_config["chat_template"], model_dir / TOKENIZER_CONFIG
+    path = model_dir / CHAT_TEMPLATE_JSON
+    return read_json_object(path).get("chat_template"), path
 
 
 def template_key_name(name: str) -> str:
@@ -44,20 +46,18 @@ def template_key_name(name: str) -> str:
 
 
 def add_chat_template_metadata(metadata: Metadata, model_dir: Path, tokenizer_config: dict[str, Any]) -> None:
-    template = find_chat_template(model_dir, tokenizer_config)
+    template, source = find_chat_template(model_dir, tokenizer_config)
     if template is None:
         return
     if isinstance(template, str):
         metadata.add_string(Keys.Tokenizer.CHAT_TEMPLATE, template)
         return
     if not isinstance(template, list):
-        raise TokenizerError(
-            f"{model_dir / TOKENIZER_CONFIG}: chat_template must be a string or a list of named templates"
-        )
+        raise TokenizerError(f"{source}: chat_template must be a string or a list of named templates")
     names: list[str] = []
     for item in template:
         if not (isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("template"), str)):
-            raise TokenizerError(f"{model_dir / TOKENIZER_CONFIG}: bad named chat template entry {item!r:.80}")
+            raise TokenizerError(f"{source}: chat_template entry {item!r:.80} is not {{\"name\": ..., \"template\": ...}}")
         name = template_key_name(item["name"])
         if name == "default":
             metadata.add_string(Keys.Tokenizer.CHAT_TEMPLATE, item["template"])

@@ -23,6 +23,11 @@ all match wins:
   clean_spaces   transformers' `clean_up_tokenization_spaces` (decoding only) -> preferred match.
 The canonical name of each group is the first one listed (e.g. "gpt-2" rather than "mpt", "olmo",
 "jais" which llama.cpp maps to the same regexes; "qwen2" rather than "hunyuan", "grok-2").
+
+Some names llama.cpp gives one model family only (its converter recognises them by hashing that
+model's tokenizer output). They tokenize exactly like their group's canonical name, so they are used
+only when config.json's model_type names that family: EXAONE 4's tokenizer is then "exaone4" rather
+than "gpt-2", as llama.cpp's converter writes it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from ggufsmith.errors import TokenizerError
+
+from .tokenizer_json import component_steps
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +139,8 @@ class PreTokenizerEntry:
     regexes: tuple[str, ...]
     ignore_merges: bool = False
     clean_spaces: bool = True
+    # config.json model_types this name is kept for; empty: any tokenizer with these regexes and flags
+    model_types: tuple[str, ...] = ()
 
 
 # First match wins; within a regex group the canonical name comes first.
@@ -161,6 +170,13 @@ PRE_TOKENIZERS: tuple[PreTokenizerEntry, ...] = (
     PreTokenizerEntry("exaone-moe", (EXAONE_MOE_REGEX,)),
     PreTokenizerEntry("tiny_aya", TINY_AYA_REGEXES, clean_spaces=False),
     PreTokenizerEntry("minicpm5", MINICPM5_REGEXES, ignore_merges=True, clean_spaces=False),
+    # Family names, each the same regexes and flags as an entry above (see the module doc).
+    PreTokenizerEntry("olmo", (GPT2_REGEX,), model_types=("olmo",)),
+    PreTokenizerEntry("exaone4", (GPT2_REGEX,), model_types=("exaone4",)),
+    PreTokenizerEntry("refact", (DIGITS_INDIVIDUAL, GPT2_REGEX), model_types=("granite",)),
+    PreTokenizerEntry("command-r", (DIGITS_INDIVIDUAL, GPT2_REGEX), clean_spaces=False,
+                      model_types=("cohere", "cohere2")),
+    PreTokenizerEntry("glm4", (LLAMA3_REGEX,), ignore_merges=True, model_types=("glm4", "glm4_moe")),
 )
 
 # Spellings that compile to the same pattern; applied to both the table and the input.
@@ -189,13 +205,7 @@ class ByteLevelSplit:
 
 def split_regexes(pre_tokenizer: dict[str, Any] | None, source: Path) -> ByteLevelSplit:
     """The ordered split regexes of a tokenizer.json `pre_tokenizer` (see module doc)."""
-    steps: list[dict[str, Any]]
-    if pre_tokenizer is None:
-        steps = []
-    elif pre_tokenizer.get("type") == "Sequence":
-        steps = list(pre_tokenizer.get("pretokenizers") or [])
-    else:
-        steps = [pre_tokenizer]
+    steps = component_steps(pre_tokenizer, "pretokenizers", source, "pre_tokenizer")
     regexes: list[str] = []
     byte_level = False
     for step in steps:
@@ -236,7 +246,7 @@ def _split_regex(step: dict[str, Any], source: Path) -> str:
 
 
 def _describe(step: dict[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v!r}" for k, v in step.items() if k != "type")
+    fields = ", ".join(f"{k}={v!r:.60}" for k, v in step.items() if k != "type")
     return f"{step.get('type')}({fields})"
 
 
@@ -246,12 +256,14 @@ def identify_pre_tokenizer(
     *,
     ignore_merges: bool = False,
     clean_spaces: bool | None = None,
+    model_type: str | None = None,
 ) -> str:
     """The llama.cpp pre-tokenizer name for a byte-level BPE tokenizer.json's `pre_tokenizer`.
 
     `ignore_merges` is the tokenizer.json model's flag; `clean_spaces` is tokenizer_config.json's
-    `clean_up_tokenization_spaces` (None: unknown, any entry will do). Raises TokenizerError naming
-    `source` when no llama.cpp pre-tokenizer reproduces it.
+    `clean_up_tokenization_spaces` (None: unknown, any entry will do); `model_type` is config.json's,
+    which picks a family's own name among equivalent ones. Raises TokenizerError naming `source` when
+    no llama.cpp pre-tokenizer reproduces it.
     """
     split = split_regexes(pre_tokenizer, source)
     if not split.byte_level:
@@ -263,7 +275,9 @@ def identify_pre_tokenizer(
     if not same_regexes:
         shown = " ; ".join(split.regexes) or "(none)"
         raise TokenizerError(f"{source}: pre-tokenizer regexes not known to llama.cpp: {shown}")
-    same_merges = [e for e in same_regexes if e.ignore_merges == ignore_merges]
+    same_merges = [e for e in same_regexes if e.ignore_merges == ignore_merges
+                   and (not e.model_types or model_type in e.model_types)]
+    same_merges.sort(key=lambda e: not e.model_types)  # the family's own name first (a stable sort)
     if not same_merges:
         raise TokenizerError(
             f"{source}: pre-tokenizer matches llama.cpp's {same_regexes[0].name!r} but its BPE model has "

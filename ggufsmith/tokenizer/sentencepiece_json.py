@@ -2,9 +2,10 @@
 
 transformers 5 saves Llama/Mistral-family tokenizers as tokenizer.json only: a BPE model with
 byte_fallback over text whose spaces are replaced by "▁" (Metaspace, or the older normalizer
-Prepend + Replace). llama.cpp's SPM tokenizer merges the adjacent pair whose joined text has the
-highest score, so each token's score is minus the rank of the first merge that produces it: the
-same order in which the BPE model applies its merges.
+Prepend + Replace; Gemma's: Replace, then a Split on " " that finds no space left). llama.cpp's
+SPM tokenizer merges the adjacent pair whose joined text has the highest score, so each token's
+score is minus the rank of the first merge that produces it: the same order in which the BPE model
+applies its merges.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from typing import Any
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .hf_files import TokenizerFiles
+from .differences import (
+    TokenizationDifferences,
+    hf_normalizer_text,
+    note_space_stripping,
+    note_spacing_after_special_tokens,
+)
+from .hf_files import TokenizerFiles, tokenizer_json_added_tokens
+from .tokenizer_json import component_steps
 from .vocab import ADDED_TOKEN_SCORE, PAD_SCORE, Vocabulary, added_token_type
 
 _WHITESPACE_MARK = "\u2581"
@@ -28,16 +36,25 @@ def is_sentencepiece_style(tokenizer_json: dict[str, Any]) -> bool:
     return model.get("type") == "BPE" and bool(model.get("byte_fallback"))
 
 
-def _steps(component: dict[str, Any] | None, list_name: str) -> list[dict[str, Any]]:
-    if not component:
-        return []
-    return list(component.get(list_name) or []) if component.get("type") == "Sequence" else [component]
+def _is_split_on_space(pre: dict[str, Any] | None) -> bool:
+    """Gemma's pre-tokenizer: Split on the string " ". It runs after the normalizer has replaced every
+    space by "▁", so it never splits anything."""
+    return bool(pre) and pre.get("type") == "Split" and pre.get("pattern") == {"String": " "} and not pre.get("invert")
 
 
-def _space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
+def _is_space_replace(step: dict[str, Any]) -> bool:
+    return (step.get("type") == "Replace" and step.get("pattern") == {"String": " "}
+            and step.get("content") == _WHITESPACE_MARK)
+
+
+def space_prefix(
+    tokenizer_json: dict[str, Any], path: Path, files: TokenizerFiles, differences: TokenizationDifferences
+) -> bool:
     """Whether a "▁" is put before the text, from Metaspace or the older Prepend normalizer."""
     pre = tokenizer_json.get("pre_tokenizer")
-    norm_steps = _steps(tokenizer_json.get("normalizer"), "normalizers")
+    norm_steps = component_steps(tokenizer_json.get("normalizer"), "normalizers", path, "normalizer")
+    if _is_split_on_space(pre) and any(_is_space_replace(step) for step in norm_steps):
+        pre = None
     if pre:
         if pre.get("type") != "Metaspace" or pre.get("replacement", _WHITESPACE_MARK) != _WHITESPACE_MARK:
             raise TokenizerError(
@@ -47,37 +64,51 @@ def _space_prefix(tokenizer_json: dict[str, Any], path: Path) -> bool:
             raise TokenizerError(
                 f"{path}: Metaspace with split=true is not supported (llama.cpp never splits on spaces)"
             )
-        if norm_steps:
-            raise TokenizerError(f"{path}: normalizer {norm_steps[0].get('type')!r} is not applied by llama.cpp")
+        for step in norm_steps:
+            differences.add(f"{path.name}'s normalizer {step['type']}", hf_normalizer_text(step))
+        note_spacing_after_special_tokens(files, differences, path, pre.get("prepend_scheme", "always"))
         return pre.get("prepend_scheme", "always") != "never"
-    prepend = False
+    prepend = replaces_spaces = False
     for step in norm_steps:
-        kind = step.get("type")
+        kind = step["type"]
         if kind == "Prepend" and step.get("prepend") == _WHITESPACE_MARK:
             prepend = True
-        elif kind == "Replace" and step.get("pattern") == {"String": " "} and step.get("content") == _WHITESPACE_MARK:
-            continue
+        elif _is_space_replace(step):
+            replaces_spaces = True
         else:
-            raise TokenizerError(f"{path}: normalizer {kind!r} is not applied by llama.cpp's SentencePiece tokenizer")
-    if not norm_steps:
+            differences.add(f"{path.name}'s normalizer {kind}", hf_normalizer_text(step))
+    if not replaces_spaces:
+        # llama.cpp's SentencePiece tokenizer always writes spaces as "▁": another tokenizer.
         raise TokenizerError(f"{path}: BPE with byte_fallback but no '▁' space handling is not supported")
     return prepend
 
 
-def load_sentencepiece_json_vocabulary(path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles) -> Vocabulary:
+def load_sentencepiece_json_vocabulary(
+    path: Path, tokenizer_json: dict[str, Any], files: TokenizerFiles, differences: TokenizationDifferences
+) -> Vocabulary:
+    """The vocabulary of a checked SentencePiece-style tokenizer.json (tokenizer_json.check_tokenizer_json)."""
     model = tokenizer_json.get("model") or {}
-    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+    for option in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model.get(option):
             raise TokenizerError(f"{path}: BPE {option}={model[option]!r} is not supported by llama.cpp")
+    if model.get("dropout"):
+        differences.add(f"{path.name}'s BPE dropout={model['dropout']}",
+                        "every text (transformers picks merges at random; llama.cpp always applies them all)")
     if model.get("ignore_merges"):
-        raise TokenizerError(f"{path}: BPE ignore_merges has no equivalent in llama.cpp's SentencePiece tokenizer")
+        differences.add(f"{path.name}'s BPE ignore_merges",
+                        "words that are whole tokens of the vocabulary but that the merges split otherwise")
     vocab = Vocabulary(model="llama", pre="default", source=path, scores=[])
-    vocab.add_space_prefix = _space_prefix(tokenizer_json, path)
+    vocab.add_space_prefix = space_prefix(tokenizer_json, path, files, differences)
     vocab.remove_extra_whitespaces = False
 
     first_rank: dict[str, int] = {}
     for rank, merge in enumerate(model.get("merges") or []):
-        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        if isinstance(merge, str) and " " in merge:
+            left, right = merge.split(" ", 1)
+        elif isinstance(merge, list) and len(merge) == 2 and all(isinstance(part, str) for part in merge):
+            left, right = merge
+        else:
+            raise TokenizerError(f"{path}: model.merges[{rank}] {merge!r:.60} is neither \"left right\" nor [left, right]")
         first_rank.setdefault(left + right, rank)
     unk = model.get("unk_token")
     for text, token_id in sorted((model.get("vocab") or {}).items(), key=lambda item: item[1]):
@@ -90,15 +121,17 @@ def load_sentencepiece_json_vocabulary(path: Path, tokenizer_json: dict[str, Any
         # Tokens no merge produces are single characters (or specials): their score is never used
         # to pick a merge, so they sort after every merge.
         score = -float(first_rank[text]) if text in first_rank else PAD_SCORE
-        vocab.set_token(int(token_id), text, token_type, score)
+        vocab.set_token(token_id, text, token_type, score)
 
-    for item in sorted(tokenizer_json.get("added_tokens") or [], key=lambda t: int(t["id"])):
-        token_id, text = int(item["id"]), item["content"]
-        restated = token_id < len(vocab) and vocab.tokens[token_id] == text
-        if restated and vocab.types[token_id] in (TokenType.UNKNOWN, TokenType.BYTE):
+    added = tokenizer_json_added_tokens(tokenizer_json, path)
+    note_space_stripping(added, differences)
+    for token in sorted(added, key=lambda token: token.id):
+        text = token.content
+        restated = token.id < len(vocab) and vocab.tokens[token.id] == text
+        if restated and vocab.types[token.id] in (TokenType.UNKNOWN, TokenType.BYTE):
             continue
-        token_type = added_token_type(text, bool(item.get("special")))
+        token_type = added_token_type(text, bool(token.special))
         if token_type == TokenType.USER_DEFINED:
             text = text.replace(_WHITESPACE_MARK, " ")
-        vocab.set_token(token_id, text, token_type, ADDED_TOKEN_SCORE)
+        vocab.set_token(token.id, text, token_type, ADDED_TOKEN_SCORE)
     return vocab

@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ggufsmith.constants import Keys, TokenType
 from ggufsmith.gguf_writer.metadata import Metadata
 
-from .hf_files import TokenizerFiles, token_content
+from .end_of_generation import extra_end_of_generation_ids
+from .hf_files import (
+    CONFIG,
+    GENERATION_CONFIG,
+    SPECIAL_TOKENS_MAP,
+    TOKENIZER_CONFIG,
+    TOKENIZER_JSON,
+    TokenizerFiles,
+    get_typed,
+    token_content,
+    typed,
+)
+from .tokenizer_json import component_steps
 from .vocab import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -45,20 +58,27 @@ TEXT_ROLES: dict[str, tuple[str, ...]] = {
         "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
         "<|code_middle|>", "<|middle|>",
     ),
-    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+    Keys.Tokenizer.FIM_PAD_ID: ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     Keys.Tokenizer.FIM_REP_ID: ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     Keys.Tokenizer.FIM_SEP_ID: ("<|file_sep|>",),
 }
 _ADDED_TYPES = (TokenType.CONTROL, TokenType.USER_DEFINED)
 
 
-def _config_id(config: Mapping[str, Any], role: str) -> int | None:
-    value = config.get(f"{role}_token_id")
-    if value is None and isinstance(config.get("text_config"), dict):
-        value = config["text_config"].get(f"{role}_token_id")
-    # A list (generation_config's several eos ids) names no single token; llama.cpp finds the
-    # others as end-of-generation tokens by their text.
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _config_id(config: Mapping[str, Any], role: str, where: Path) -> int | None:
+    key = f"{role}_token_id"
+    value = typed(config.get(key), (int, list), where, key)
+    text_config = typed(config.get("text_config"), dict, where, "text_config")
+    if value is None and text_config:
+        key = f"text_config.{key}"
+        value = typed(text_config.get(f"{role}_token_id"), (int, list), where, key)
+    if isinstance(value, list):
+        # generation_config's several eos ids name no single token; llama.cpp finds the others as
+        # end-of-generation tokens by their text.
+        for i, item in enumerate(value):
+            typed(item, int, where, f"{key}[{i}]")
+        return None
+    return value
 
 
 def resolve_special_ids(
@@ -71,12 +91,13 @@ def resolve_special_ids(
     ids: dict[str, int] = {}
     for role in ROLE_KEYS:
         candidates: list[tuple[str, int | None]] = []
-        for source in (files.tokenizer_config, files.special_tokens_map):
-            text = token_content(source.get(f"{role}_token"))
+        for source, name in ((files.tokenizer_config, TOKENIZER_CONFIG), (files.special_tokens_map, SPECIAL_TOKENS_MAP)):
+            text = token_content(source.get(f"{role}_token"), files.model_dir / name, f"{role}_token")
             if text is not None:
                 candidates.append((f"'{text}'", id_of.get(text)))
-        candidates.append(("config.json", _config_id(files.config, role)))
-        candidates.append(("generation_config.json", _config_id(files.generation_config, role)))
+        candidates.append(("config.json", _config_id(files.config, role, files.model_dir / CONFIG)))
+        candidates.append(("generation_config.json",
+                           _config_id(files.generation_config, role, files.model_dir / GENERATION_CONFIG)))
         candidates.append(("tokenizer model", (fallback_ids or {}).get(role)))
         for where, token_id in candidates:
             if token_id is None:
@@ -101,21 +122,22 @@ def text_role_ids(vocab: Vocabulary) -> dict[str, int]:
     return found
 
 
-def post_processor_adds(post_processor: Mapping[str, Any] | None, bos: str | None, eos: str | None) -> dict[str, bool]:
+def post_processor_adds(
+    post_processor: Mapping[str, Any] | None, bos: str | None, eos: str | None, source: Path
+) -> dict[str, bool]:
     """Whether tokenizer.json's post_processor puts the bos/eos token around a single sequence
     ({} when there is no post_processor, so the caller falls back to tokenizer_config.json)."""
     if not post_processor:
         return {}
-    processors = post_processor.get("processors") if post_processor.get("type") == "Sequence" else [post_processor]
     adds: dict[str, bool] = {}
-    for processor in processors or []:
+    for processor in component_steps(post_processor, "processors", source, "post_processor"):
         kind = processor.get("type")
         if kind == "ByteLevel":
             adds = {"bos": False, "eos": False} | adds
         elif kind in ("RobertaProcessing", "BertProcessing"):
             adds = {"bos": True, "eos": True}
         elif kind == "TemplateProcessing":
-            single = [piece.get("SpecialToken", {}).get("id") for piece in processor.get("single", [])]
+            single = [(piece.get("SpecialToken") or {}).get("id") for piece in processor.get("single") or []]
             adds = {"bos": bool(single) and single[0] is not None and single[0] == bos,
                     "eos": bool(single) and single[-1] is not None and single[-1] == eos}
             if single and single[0] is not None and single[0] != bos:
@@ -136,19 +158,20 @@ def add_special_tokens_metadata(
     ids = resolve_special_ids(files, vocab, fallback_ids)
     for role, token_id in ids.items():
         metadata.add_uint32(ROLE_KEYS[role], token_id)
-    for key, token_id in text_role_ids(vocab).items():
+    roles = text_role_ids(vocab) | extra_end_of_generation_ids(files, vocab, ids.get("eos"))
+    for key, token_id in roles.items():
         metadata.add_uint32(key, token_id)
 
     bos_text = vocab.tokens[ids["bos"]] if "bos" in ids else None
     eos_text = vocab.tokens[ids["eos"]] if "eos" in ids else None
-    from_post_processor = post_processor_adds(post_processor, bos_text, eos_text)
+    from_post_processor = post_processor_adds(post_processor, bos_text, eos_text, files.model_dir / TOKENIZER_JSON)
     add_keys = (("bos", Keys.Tokenizer.ADD_BOS, default_add_bos), ("eos", Keys.Tokenizer.ADD_EOS, default_add_eos))
     for role, key, default in add_keys:
-        configured = files.tokenizer_config.get(f"add_{role}_token")
+        configured = get_typed(files.tokenizer_config, f"add_{role}_token", bool, files.model_dir / TOKENIZER_CONFIG)
         if role in from_post_processor:
             # transformers (v5) runs tokenizer.json's post_processor as is and ignores add_<role>_token.
             value = from_post_processor[role]
-        elif isinstance(configured, bool):
+        elif configured is not None:
             value = configured
         else:
             value = default

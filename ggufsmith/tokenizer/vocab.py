@@ -26,8 +26,8 @@ def pad_token_text(token_id: int) -> str:
 class Vocabulary:
     """Tokens by id with their types; scores for SentencePiece, merges for BPE."""
 
-    model: str  # tokenizer.ggml.model: "llama" (SentencePiece) or "gpt2" (byte-level BPE)
-    pre: str  # tokenizer.ggml.pre
+    model: str  # tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4"
+    pre: str | None  # tokenizer.ggml.pre; None: not written (llama.cpp sets it for the model)
     source: Path  # the file the vocabulary came from, for error messages
     tokens: list[str] = field(default_factory=list)
     types: list[TokenType] = field(default_factory=list)
@@ -69,10 +69,12 @@ class Vocabulary:
         counts = Counter(self.tokens)
         duplicates = [t for t, n in counts.items() if n > 1]
         if duplicates:
-            shown = ", ".join(repr(t) for t in duplicates[:5])
+            # The ids tell the user which file repeats the text (an added token over a piece, ...).
+            ids = {t: [i for i, text in enumerate(self.tokens) if text == t][:3] for t in duplicates[:3]}
+            shown = ", ".join(f"{t!r} at ids {', '.join(map(str, where))}" for t, where in ids.items())
             raise TokenizerError(
-                f"{self.source}: {len(duplicates)} token text(s) occur at more than one id ({shown}); "
-                "llama.cpp requires every token text to be unique"
+                f"{self.source}: {len(duplicates)} token text(s) occur at more than one id ({shown}), with the "
+                "added tokens of the tokenizer files; llama.cpp requires every token text to be unique"
             )
 
     def id_of(self) -> dict[str, int]:
@@ -80,7 +82,8 @@ class Vocabulary:
 
     def to_metadata(self, metadata: Metadata) -> None:
         metadata.add_string(Keys.Tokenizer.MODEL, self.model)
-        metadata.add_string(Keys.Tokenizer.PRE, self.pre)
+        if self.pre is not None:
+            metadata.add_string(Keys.Tokenizer.PRE, self.pre)
         metadata.add_array(Keys.Tokenizer.TOKENS, self.tokens, GGUFValueType.STRING)
         if self.scores is not None:
             metadata.add_array(Keys.Tokenizer.SCORES, np.asarray(self.scores, dtype=np.float32), GGUFValueType.FLOAT32)
