@@ -211,6 +211,7 @@ class FileType(IntEnum):
     MOSTLY_MXFP4_MOE = 38
     MOSTLY_NVFP4 = 39
     MOSTLY_Q1_0 = 40
+    MOSTLY_Q2_0 = 41
     GUESSED = 1024
 
 
