@@ -23,7 +23,7 @@ import ggufsmith
 from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
-from tests.tokenizer_helpers import train_bpe, train_sentencepiece
+from tests.tokenizer_helpers import train_bpe, train_sentencepiece, write_tokenizer_config
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -39,13 +39,20 @@ COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_at
               vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
-def variant(config_class, model_class, arch, style, gelu=False, differences=None, **fields):
+def variant(config_class, model_class, arch, style, gelu=False, differences=None, tokenizer_config=None, **fields):
     """differences: keys where our file differs from convert_hf_to_gguf.py's for this variant, with
-    the reason; None instead of a dict: the reference cannot convert the variant (the reason)."""
+    the reason; None instead of a dict: the reference cannot convert the variant (the reason).
+    tokenizer_config: entries written into tokenizer_config.json after training."""
     return dict(config_class=config_class, model_class=model_class, arch=arch, style=style, gelu=gelu,
-                differences={} if differences is None else differences, fields=dict(COMMON, **fields))
+                differences={} if differences is None else differences, tokenizer_config=tokenizer_config or {},
+                fields=dict(COMMON, **fields))
 
 
+PHI3_CHAT = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>")  # added after the SentencePiece vocabulary
+PHI3_END = VOCAB + PHI3_CHAT.index("<|end|>")
+PHI3_DIFFERENCES = {"tokenizer.ggml.scores": "<unk>'s score is sentencepiece's (0); the reference's Phi-3 converter "
+                                             "sets -1000 for every token listed in added_tokens_decoder, <unk> "
+                                             "included (a score llama.cpp never uses for an unknown token)"}
 STABLELM_DIFFERENCES = {"stablelm.rope.freq_base": "the reference omits it, which is right only for rope_theta 10000"}
 
 
@@ -83,6 +90,16 @@ MODELS = {
     # Command R: parallel attention and MLP, tied head, logit scale; Command R7B: sliding window 3 of 4
     "command-r": variant("CohereConfig", "CohereForCausalLM", "command-r", "starcoder", tie_word_embeddings=True,
                          logit_scale=0.25, layer_norm_eps=1e-5),
+    # Phi-3 mini: fused qkv and gate/up, a Llama 2 SentencePiece with Phi-3's chat tokens, sliding_window
+    "phi3": variant("Phi3Config", "Phi3ForCausalLM", "phi3", "phi3", bos_token_id=1, eos_token_id=PHI3_END,
+                    sliding_window=2047, differences=TOKENIZER_KEY_DIFFERENCES | PHI3_DIFFERENCES),
+    # Phi-4-mini: LongRoPE (short factors within original_max_position_embeddings, checked against
+    # transformers' rope for the long ones too), partial rotary, tied embeddings, a GPT-2-class BPE
+    "phi4-mini": variant("Phi3Config", "Phi3ForCausalLM", "phi3", "gpt-4o", tokenizer_config={"tokenizer_class": "GPT2Tokenizer"},
+                         tie_word_embeddings=True, max_position_embeddings=1024, original_max_position_embeddings=256,
+                         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                                              long_factor=[5.1, 8.6, 2.2, 8.6, 3.5, 4.4],
+                                              short_factor=[1.41, 1.2, 1.28, 1.01, 1.38, 1.27])),
     "cohere2": variant("Cohere2Config", "Cohere2ForCausalLM", "cohere2", "starcoder", tie_word_embeddings=True,
                        logit_scale=0.25, sliding_window=8, layer_norm_eps=1e-5,
                        differences="convert_hf_to_gguf.py (0.3.36) fails on transformers 5 Cohere2 configs "
@@ -101,12 +118,29 @@ def models(tmp_path_factory):
             # as ERNIE 4.5's tokenizer_config.json says (and what transformers 5 does for this config)
             config = json.loads((model_dir / "tokenizer_config.json").read_text())
             (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"add_prefix_space": False}))
+        elif spec["style"] == "phi3":
+            train_phi3_tokenizer(model_dir)
         else:
             train_bpe(model_dir, spec["style"], vocab_size=VOCAB)
+        write_tokenizer_config(model_dir, **spec["tokenizer_config"])
         build_model(spec["config_class"], spec["model_class"], model_dir, **spec["fields"])
         ids = prompt_ids(model_dir)
         out[kind] = model_dir, ids, hf_logits(model_dir, spec["model_class"], ids)
     return out
+
+
+def train_phi3_tokenizer(model_dir):
+    """Phi-3's: Llama 2's SentencePiece (<unk> <s> </s> first) and its chat tokens added after it,
+    <|end|> the eos. (llama.cpp's vocabulary loader looks <|endoftext|> up in any model named Phi-3.)"""
+    from transformers import AutoTokenizer
+
+    train_sentencepiece(model_dir, vocab_size=VOCAB, control_symbols=[], user_defined_symbols=[])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(PHI3_CHAT)})
+    tokenizer.eos_token = "<|end|>"
+    tokenizer.save_pretrained(model_dir)
+    write_tokenizer_config(model_dir, legacy=True)
+    assert tokenizer.convert_tokens_to_ids("<|end|>") == PHI3_END
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +176,15 @@ def test_architecture_and_tokenizer(models, converted, kind):
     path = converted(kind, "f32")
     reader = gguf.GGUFReader(path)
     assert reader.fields["general.architecture"].contents() == MODELS[kind]["arch"]
+    # transformers' tokenizer converted from Phi-3's legacy SentencePiece splits a leading space
+    # differently from sentencepiece itself (see tests/test_tokenizer_gemma_phi3.py)
+    text = CHECK_TEXT.lstrip() if MODELS[kind]["style"] == "phi3" else CHECK_TEXT
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     try:
-        ours = llm.tokenize(CHECK_TEXT.encode("utf-8"), add_bos=False, special=False)
+        ours = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
     finally:
         llm.close()
-    assert ours == AutoTokenizer.from_pretrained(models[kind][0]).encode(CHECK_TEXT, add_special_tokens=False)
+    assert ours == AutoTokenizer.from_pretrained(models[kind][0]).encode(text, add_special_tokens=False)
 
 
 # Tokenizer keys ggufsmith writes where the reference leaves them out: llama.cpp finds the same ids
@@ -171,3 +208,27 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     pre = gguf.GGUFReader(converted(kind, "f32")).fields["tokenizer.ggml.pre"].contents()
     theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre=pre)
     assert_same_file(converted(kind, outtype), theirs, KEY_DIFFERENCES | MODELS[kind]["differences"])
+
+
+@pytest.mark.parametrize("kind", [k for k, spec in MODELS.items() if spec["fields"].get("rope_parameters", {}).get("rope_type") == "longrope"])
+def test_longrope_factors_match_transformers(models, converted, kind):
+    """Both LongRoPE factor sets and the attention factor in our file give transformers' own rope
+    (its longrope init for a prompt within and one beyond original_max_position_embeddings): the
+    logits test sees only the short set."""
+    import numpy as np
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fields = {f.name: f.contents() for f in gguf.GGUFReader(converted(kind, "f32")).fields.values()}
+    tensors = {t.name: np.array(t.data) for t in gguf.GGUFReader(converted(kind, "f32")).tensors}
+    arch = MODELS[kind]["arch"]
+    n_rot, base = fields[f"{arch}.rope.dimension_count"], fields[f"{arch}.rope.freq_base"]
+    original = fields[f"{arch}.rope.scaling.original_context_length"]
+    config = AutoConfig.from_pretrained(models[kind][0])
+    for name, seq_len in (("rope_factors_short.weight", original), ("rope_factors_long.weight", original + 1)):
+        expected, attention_scaling = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=seq_len)
+        ours = 1.0 / (tensors[name] * base ** (np.arange(0, n_rot, 2) / n_rot))
+        np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6, err_msg=name)
+        assert fields[f"{arch}.rope.scaling.attn_factor"] == pytest.approx(attention_scaling, rel=1e-6)
+    assert not np.allclose(tensors["rope_factors_short.weight"], tensors["rope_factors_long.weight"])

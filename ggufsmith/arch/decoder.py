@@ -167,4 +167,4 @@ class Decoder(Architecture):
         return types
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
-        return self.rope.rope_freqs(self.head_dim)
+        return self.rope.rope_freqs(int(self.rope.partial_rotary_factor() * self.head_dim))

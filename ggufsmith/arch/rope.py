@@ -21,6 +21,8 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 log = logging.getLogger(__name__)
 
 ROPE_FREQS = "rope_freqs.weight"
+ROPE_FACTORS_LONG = "rope_factors_long.weight"
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # What llama.cpp uses for yarn whatever the file says (it reads no beta keys for most architectures).
 _LLAMACPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -96,6 +98,11 @@ class Rope:
                             p.label, unsupported)
         elif self.type == "llama3":
             pass  # expressed as the rope_freqs tensor, see rope_freqs()
+        elif self.type == "longrope":
+            # the factors are tensors (see rope_freqs); llama.cpp picks the long set when the
+            # context it is given exceeds original_context_length, as transformers does per prompt
+            keys.u32(Keys.Rope.SCALING_ORIG_CTX_LEN, p.get_int("original_max_position_embeddings", min=1))
+            keys.f32(Keys.Rope.SCALING_ATTN_FACTOR, self.longrope_attention_factor())
         elif self.type == "dynamic":
             # NTK scaling that transformers applies only beyond max_position_embeddings; llama.cpp
             # has no equivalent, so the file runs the same only within the trained context.
@@ -103,18 +110,40 @@ class Rope:
                         "only up to max_position_embeddings tokens", p.label)
         elif self.type != "default":
             raise ConversionError(f"{p.label}: rope type {self.type!r} is not supported "
-                                  "(supported: default, linear, yarn, llama3, dynamic)")
+                                  "(supported: default, linear, yarn, llama3, longrope, dynamic)")
 
-    def rope_freqs(self, head_dim: int) -> dict[str, LazyTensor]:
-        """llama3 scaling as llama.cpp's rope_freqs tensor; {} for every other rope type."""
+    def longrope_attention_factor(self) -> float:
+        """The scale LongRoPE applies to cos and sin (transformers' attention_scaling): the config's
+        attention_factor, else sqrt(1 + ln(s) / ln(original context)) for the context extension s
+        (`factor`, else max_position_embeddings / original_max_position_embeddings)."""
+        p = self.params
+        given = p.get_float("attention_factor", default=None, min=0)
+        if given is not None:
+            return given
+        original = p.get_int("original_max_position_embeddings", min=1)
+        scale = p.get_float("factor", default=None, min=0) or self.config.get_int("max_position_embeddings", min=1) / original
+        return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+
+    def rope_freqs(self, rotary_dims: int) -> dict[str, LazyTensor]:
+        """Rope scaling that llama.cpp reads as tensors: llama3's rope_freqs, LongRoPE's long and
+        short factors (one divisor per rotated pair each); {} for every other rope type."""
+        p = self.params
+        if self.type == "longrope":
+            return {name: LazyTensor.from_array(self._longrope_factors(field, rotary_dims), source=f"{p.label}.{field}")
+                    for name, field in ((ROPE_FACTORS_LONG, "long_factor"), (ROPE_FACTORS_SHORT, "short_factor"))}
         if self.type != "llama3":
             return {}
-        p = self.params
         factors = llama3_rope_factors(
-            head_dim, rope_theta=p.get_float("rope_theta", min=0), factor=p.get_float("factor", min=0),
+            rotary_dims, rope_theta=p.get_float("rope_theta", min=0), factor=p.get_float("factor", min=0),
             low_freq_factor=p.get_float("low_freq_factor", min=0), high_freq_factor=p.get_float("high_freq_factor", min=0),
             original_max_position_embeddings=p.get_int("original_max_position_embeddings", min=1))
         return {ROPE_FREQS: LazyTensor.from_array(factors, source=f"{p.label} (llama3)")}
+
+    def _longrope_factors(self, field: str, rotary_dims: int) -> np.ndarray:
+        values = self.params.get_list(field)
+        if len(values) != rotary_dims // 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise self.params.error(field, f"{len(values)} values", f"{rotary_dims // 2} numbers, one per rotated pair")
+        return np.asarray(values, dtype=np.float32)
 
 
 def rotary_halves_to_pairs(tensor: LazyTensor, n_head: int) -> LazyTensor:
