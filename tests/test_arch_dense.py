@@ -23,7 +23,7 @@ import ggufsmith
 from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
-from tests.tokenizer_helpers import train_bpe, train_sentencepiece, write_tokenizer_config
+from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry, train_sentencepiece, write_tokenizer_config
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -39,13 +39,15 @@ COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_at
               vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
-def variant(config_class, model_class, arch, style, gelu=False, differences=None, tokenizer_config=None, **fields):
+def variant(config_class, model_class, arch, style, gelu=False, differences=None, tokenizer_config=None,
+            generation_eos=(), **fields):
     """differences: keys where our file differs from convert_hf_to_gguf.py's for this variant, with
     the reason; None instead of a dict: the reference cannot convert the variant (the reason).
-    tokenizer_config: entries written into tokenizer_config.json after training."""
+    tokenizer_config: entries written into tokenizer_config.json after training; generation_eos:
+    the texts of generation_config.json's eos ids."""
     return dict(config_class=config_class, model_class=model_class, arch=arch, style=style, gelu=gelu,
                 differences={} if differences is None else differences, tokenizer_config=tokenizer_config or {},
-                fields=dict(COMMON, **fields))
+                generation_eos=generation_eos, fields=dict(COMMON, **fields))
 
 
 PHI3_CHAT = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>")  # added after the SentencePiece vocabulary
@@ -53,6 +55,10 @@ PHI3_END = VOCAB + PHI3_CHAT.index("<|end|>")
 PHI3_DIFFERENCES = {"tokenizer.ggml.scores": "<unk>'s score is sentencepiece's (0); the reference's Phi-3 converter "
                                              "sets -1000 for every token listed in added_tokens_decoder, <unk> "
                                              "included (a score llama.cpp never uses for an unknown token)"}
+GLM4_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
+GLM4_GENERATION_EOS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # as GLM-4-0414's generation_config.json
+GLM4_DIFFERENCES = {"tokenizer.ggml.unknown_token_id": "the reference names <|endoftext|> as unk; a byte-level BPE "
+                                                       "has no unknown token and we name none"}
 STABLELM_DIFFERENCES = {"stablelm.rope.freq_base": "the reference omits it, which is right only for rope_theta 10000"}
 
 
@@ -90,6 +96,10 @@ MODELS = {
     # Command R: parallel attention and MLP, tied head, logit scale; Command R7B: sliding window 3 of 4
     "command-r": variant("CohereConfig", "CohereForCausalLM", "command-r", "starcoder", tie_word_embeddings=True,
                          logit_scale=0.25, layer_norm_eps=1e-5),
+    "cohere2": variant("Cohere2Config", "Cohere2ForCausalLM", "cohere2", "starcoder", tie_word_embeddings=True,
+                       logit_scale=0.25, sliding_window=8, layer_norm_eps=1e-5,
+                       differences="convert_hf_to_gguf.py (0.3.36) fails on transformers 5 Cohere2 configs "
+                                   "(KeyError: 'rotary_pct', now in rope_parameters)"),
     # Phi-3 mini: fused qkv and gate/up, a Llama 2 SentencePiece with Phi-3's chat tokens, sliding_window
     "phi3": variant("Phi3Config", "Phi3ForCausalLM", "phi3", "phi3", bos_token_id=1, eos_token_id=PHI3_END,
                     sliding_window=2047, differences=TOKENIZER_KEY_DIFFERENCES | PHI3_DIFFERENCES),
@@ -100,15 +110,17 @@ MODELS = {
                          rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
                                               long_factor=[5.1, 8.6, 2.2, 8.6, 3.5, 4.4],
                                               short_factor=[1.41, 1.2, 1.28, 1.01, 1.38, 1.27])),
-    "cohere2": variant("Cohere2Config", "Cohere2ForCausalLM", "cohere2", "starcoder", tie_word_embeddings=True,
-                       logit_scale=0.25, sliding_window=8, layer_norm_eps=1e-5,
-                       differences="convert_hf_to_gguf.py (0.3.36) fails on transformers 5 Cohere2 configs "
-                                   "(KeyError: 'rotary_pct', now in rope_parameters)"),
+    # GLM-4-0414: q/k/v biases, fused gate/up, post-attention and post-MLP norms, half-rotated heads
+    # (Glm4Config's default), its eos/eot from generation_config.json
+    "glm4": variant("Glm4Config", "Glm4ForCausalLM", "glm4", "glm4", attention_bias=True, head_dim=16,
+                    generation_eos=GLM4_GENERATION_EOS, differences=GLM4_DIFFERENCES),
 }
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    from transformers import AutoTokenizer
+
     root = tmp_path_factory.mktemp("dense")
     out = {}
     for kind, spec in MODELS.items():
@@ -120,10 +132,16 @@ def models(tmp_path_factory):
             (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"add_prefix_space": False}))
         elif spec["style"] == "phi3":
             train_phi3_tokenizer(model_dir)
+        elif spec["style"] == "glm4":
+            train_bpe_for_table_entry(model_dir, "glm4", vocab_size=VOCAB, specials=GLM4_SPECIALS, eos="<|endoftext|>")
         else:
             train_bpe(model_dir, spec["style"], vocab_size=VOCAB)
         write_tokenizer_config(model_dir, **spec["tokenizer_config"])
         build_model(spec["config_class"], spec["model_class"], model_dir, **spec["fields"])
+        if spec["generation_eos"]:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            eos_ids = [tokenizer.convert_tokens_to_ids(text) for text in spec["generation_eos"]]
+            (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
         ids = prompt_ids(model_dir)
         out[kind] = model_dir, ids, hf_logits(model_dir, spec["model_class"], ids)
     return out

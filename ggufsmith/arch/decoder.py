@@ -73,6 +73,15 @@ def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix:
     return table
 
 
+def fused_gate_up_mlp(prefix: str = "mlp.") -> dict[str, T]:
+    """A gated feed-forward whose gate and up projections are one matrix, gate rows first (Phi-3,
+    GLM-4): llama.cpp loads it as ffn_up of 2 * n_ff rows and splits it itself."""
+    return {
+        f"{prefix}gate_up_proj.weight": T("ffn_up.weight", "2 * n_ff", "n_embd"),
+        f"{prefix}down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff"),
+    }
+
+
 def norms(**names: str) -> dict[str, T]:
     """Per-block norms of width n_embd: norms(input_layernorm="attn_norm", ...) (".weight" added)."""
     return {f"{hf}.weight": T(f"{gguf}.weight", "n_embd") for hf, gguf in names.items()}

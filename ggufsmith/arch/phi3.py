@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.common import QKV_ROWS
-from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, embeddings, in_block, norms
+from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, embeddings, fused_gate_up_mlp, in_block, norms
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
@@ -34,8 +34,7 @@ class Phi3(Decoder):
             **norms(**LLAMA_NORMS),
             "self_attn.qkv_proj.weight": T("attn_qkv.weight", QKV_ROWS, "n_embd"),
             "self_attn.o_proj.weight": T("attn_output.weight", "n_embd", "n_embd"),
-            "mlp.gate_up_proj.weight": T("ffn_up.weight", "2 * n_ff", "n_embd"),
-            "mlp.down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff"),
+            **fused_gate_up_mlp(),
         }),
     }
 
