@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import ggufsmith
@@ -40,14 +41,15 @@ COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_at
 
 
 def variant(config_class, model_class, arch, style, gelu=False, differences=None, tokenizer_config=None,
-            generation_eos=(), **fields):
-    """differences: keys where our file differs from convert_hf_to_gguf.py's for this variant, with
-    the reason; None instead of a dict: the reference cannot convert the variant (the reason).
-    tokenizer_config: entries written into tokenizer_config.json after training; generation_eos:
-    the texts of generation_config.json's eos ids."""
+            specials=None, generation_eos=(), **fields):
+    """style: a BPE_STYLES name, "sentencepiece", "phi3", or with `specials` (train_bpe_for_table_entry's
+    specials and eos) an entry of our pre-tokenizer table. differences: keys where our file differs
+    from convert_hf_to_gguf.py's for this variant, with the reason; None instead of a dict: the
+    reference cannot convert the variant (the reason). tokenizer_config: entries written into
+    tokenizer_config.json after training; generation_eos: the texts of generation_config.json's eos ids."""
     return dict(config_class=config_class, model_class=model_class, arch=arch, style=style, gelu=gelu,
                 differences={} if differences is None else differences, tokenizer_config=tokenizer_config or {},
-                generation_eos=generation_eos, fields=dict(COMMON, **fields))
+                specials=specials, generation_eos=generation_eos, fields=dict(COMMON, **fields))
 
 
 PHI3_CHAT = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>")  # added after the SentencePiece vocabulary
@@ -113,7 +115,15 @@ MODELS = {
     # GLM-4-0414: q/k/v biases, fused gate/up, post-attention and post-MLP norms, half-rotated heads
     # (Glm4Config's default), its eos/eot from generation_config.json
     "glm4": variant("Glm4Config", "Glm4ForCausalLM", "glm4", "glm4", attention_bias=True, head_dim=16,
-                    generation_eos=GLM4_GENERATION_EOS, differences=GLM4_DIFFERENCES),
+                    specials=dict(specials=GLM4_SPECIALS, eos="<|endoftext|>"), generation_eos=GLM4_GENERATION_EOS,
+                    differences=GLM4_DIFFERENCES),
+    # EXAONE 4.0 32B style: post-norms only, q/k norms, 64 blocks (the depth at which llama.cpp runs
+    # its sliding window: 3 of 4 layers, the others without rope), llama3 rope scaling
+    "exaone4": variant("Exaone4Config", "Exaone4ForCausalLM", "exaone4", "exaone4", num_hidden_layers=64,
+                       specials=dict(specials=("[PAD]", "[BOS]", "[|endofturn|]"), eos="[|endofturn|]"),
+                       bos_token_id=1, eos_token_id=2, sliding_window=8, sliding_window_pattern=4,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=64)),
 }
 
 
@@ -132,8 +142,8 @@ def models(tmp_path_factory):
             (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"add_prefix_space": False}))
         elif spec["style"] == "phi3":
             train_phi3_tokenizer(model_dir)
-        elif spec["style"] == "glm4":
-            train_bpe_for_table_entry(model_dir, "glm4", vocab_size=VOCAB, specials=GLM4_SPECIALS, eos="<|endoftext|>")
+        elif spec["specials"]:
+            train_bpe_for_table_entry(model_dir, spec["style"], vocab_size=VOCAB, **spec["specials"])
         else:
             train_bpe(model_dir, spec["style"], vocab_size=VOCAB)
         write_tokenizer_config(model_dir, **spec["tokenizer_config"])
@@ -250,3 +260,22 @@ def test_longrope_factors_match_transformers(models, converted, kind):
         np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6, err_msg=name)
         assert fields[f"{arch}.rope.scaling.attn_factor"] == pytest.approx(attention_scaling, rel=1e-6)
     assert not np.allclose(tensors["rope_factors_short.weight"], tensors["rope_factors_long.weight"])
+
+
+def test_exaone4_multi_token_prediction_left_out_with_a_notice(models, converted, tmp_path, caplog):
+    """EXAONE checkpoints with MTP layers (mtp.*): converted without them, one warning naming them."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder = shutil.copytree(models["exaone4"][0], tmp_path / "exaone4-mtp")
+    weights = load_file(folder / "model.safetensors")
+    hidden = COMMON["hidden_size"]
+    weights |= {"mtp.fc.weight": np.ones((hidden, 2 * hidden), np.float32),
+                "mtp.layers.0.input_layernorm.weight": np.ones(hidden, np.float32)}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        ggufsmith.convert(folder, tmp_path / "mtp.gguf", outtype="f32")
+    assert [r.getMessage() for r in caplog.records if "mtp." in r.getMessage()] != []
+    ours = [t.name for t in gguf.GGUFReader(tmp_path / "mtp.gguf").tensors]
+    assert ours == [t.name for t in gguf.GGUFReader(converted("exaone4", "f32")).tensors]
