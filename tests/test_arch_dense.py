@@ -61,6 +61,9 @@ GLM4_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>
 GLM4_GENERATION_EOS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # as GLM-4-0414's generation_config.json
 GLM4_DIFFERENCES = {"tokenizer.ggml.unknown_token_id": "the reference names <|endoftext|> as unk; a byte-level BPE "
                                                        "has no unknown token and we name none"}
+TEKKEN_DIFFERENCES = {"tokenizer.ggml.seperator_token_id": "the reference names the <s> of the test tokenizer's pair "
+                                                         "template a separator, which llama.cpp never adds "
+                                                         "(add_sep_token false)"}
 STABLELM_DIFFERENCES = {"stablelm.rope.freq_base": "the reference omits it, which is right only for rope_theta 10000"}
 
 
@@ -124,6 +127,19 @@ MODELS = {
                        bos_token_id=1, eos_token_id=2, sliding_window=8, sliding_window_pattern=4,
                        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
                                             high_freq_factor=4.0, original_max_position_embeddings=64)),
+    # Ministral 3: yarn (mscale_all_dim as llama.cpp's yarn_log_multiplier) and Llama 4's attention
+    # temperature, both at work within the prompt (original context 16)
+    "ministral3": variant("Ministral3Config", "Ministral3ForCausalLM", "mistral3", "tekken", head_dim=16,
+                          bos_token_id=1, eos_token_id=2,
+                          rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                               original_max_position_embeddings=16, mscale=1.0, mscale_all_dim=0.7,
+                                               llama_4_scaling_beta=0.3),
+                          differences=TEKKEN_DIFFERENCES),
+    # transformers' Ministral (sliding window on every layer, wider than the prompt): llama's layout
+    "ministral": variant("MinistralConfig", "MinistralForCausalLM", "llama", "tekken", head_dim=16, bos_token_id=1, eos_token_id=2,
+                         sliding_window=4096,
+                         differences="convert_hf_to_gguf.py (0.3.36) has no MinistralForCausalLM "
+                                     "(Ministral-8B is published as MistralForCausalLM, which it converts as llama)"),
 }
 
 

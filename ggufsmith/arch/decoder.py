@@ -120,6 +120,7 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
     # Old checkpoints store the rotary frequencies; they follow from the config.
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
@@ -156,7 +157,7 @@ class Decoder(Architecture):
         if "head_dim" in c:
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
-        self.rope.write_scaling_keys(keys)
+        self.rope.write_scaling_keys(keys, yarn_log_multiplier=self.yarn_log_multiplier)
 
     def family_keys(self, keys: ArchKeys) -> None:
         """The keys that are this family's own. Default: none."""

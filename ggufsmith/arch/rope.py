@@ -70,9 +70,11 @@ class Rope:
             raise ConversionError(f"{self.params.label}: rope scaling {self.type!r} is set, "
                                   "which llama.cpp cannot run for this architecture")
 
-    def write_scaling_keys(self, keys: ArchKeys) -> None:
+    def write_scaling_keys(self, keys: ArchKeys, *, yarn_log_multiplier: bool = False) -> None:
         """The rope.scaling.* keys llama.cpp reads (linear, yarn; llama3 is a tensor, see
-        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta."""
+        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta.
+        yarn_log_multiplier: the architecture reads rope.scaling.yarn_log_multiplier (DeepSeek's
+        mscale_all_dim), which llama.cpp applies as if mscale were 1."""
         p = self.params
         if self.type == "linear":
             keys.string(Keys.Rope.SCALING_TYPE, "linear")
@@ -93,7 +95,12 @@ class Rope:
             keys.f32(Keys.Rope.SCALING_YARN_BETA_SLOW, p.get_float("beta_slow", default=None))
             unsupported = {name: p.get(name) for name, value in _LLAMACPP_YARN_BETAS.items()
                            if p.get(name, default=None) not in (None, value)}
-            unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim") if p.get(name, default=None)})
+            mscale, mscale_all_dim = (p.get_float(name, default=None) for name in ("mscale", "mscale_all_dim"))
+            if yarn_log_multiplier and attention_factor is None and mscale == 1 and mscale_all_dim:
+                # transformers' yarn attention factor (1 + 0.1 ln s) / (1 + 0.1 mscale_all_dim ln s)
+                keys.f32(Keys.Rope.SCALING_YARN_LOG_MUL, mscale_all_dim)
+            elif mscale or mscale_all_dim:
+                unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim") if p.get(name, default=None)})
             if unsupported:
                 log.warning("%s: llama.cpp ignores yarn %s; its rope will differ from transformers'",
                             p.label, unsupported)
