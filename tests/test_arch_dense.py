@@ -140,6 +140,11 @@ MODELS = {
                          sliding_window=4096,
                          differences="convert_hf_to_gguf.py (0.3.36) has no MinistralForCausalLM "
                                      "(Ministral-8B is published as MistralForCausalLM, which it converts as llama)"),
+    # Apertus: xIELU MLP (per-block parameters as array keys), q/k norms, llama3 rope
+    "apertus": variant("ApertusConfig", "ApertusForCausalLM", "apertus", "tekken", bos_token_id=1, eos_token_id=2,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=64),
+                       differences=TEKKEN_DIFFERENCES),
 }
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ggufsmith.constants import GGUFValueType, arch_key
 from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
@@ -98,9 +100,31 @@ class Architecture:
     # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
     # uses token_embd in its place. None: the plugin decides itself (llama keeps a stored lm_head).
     tied_output_head: ClassVar[str | None] = None
+    # HF tensors of one number per block that llama.cpp reads as metadata, not as tensors (Apertus'
+    # xIELU parameters): HF pattern with {bid} -> a name. read_scalars() loads them before planning
+    # (the pipeline calls it) into self.scalars[name], one float per block; they are not mapped.
+    scalar_tensors: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: HFConfig) -> None:
         self.config = config
+        self.scalars: dict[str, list[float]] = {}
+
+    def read_scalars(self, source: Mapping[str, LazyTensor]) -> None:
+        """Load the `scalar_tensors` of the checkpoint into self.scalars (for metadata())."""
+        for hf_pattern, name in self.scalar_tensors.items():
+            regex = _pattern_regex(hf_pattern)
+            by_block: dict[int, float] = {}
+            for hf_name, tensor in source.items():
+                m = regex.fullmatch(hf_name)
+                if m is None:
+                    continue
+                if tensor.n_elements != 1:
+                    raise ConversionError(f"tensor {hf_name} has shape {list(tensor.shape)}; expected a single number")
+                by_block[int(m["bid"])] = float(np.asarray(tensor.load(), dtype=np.float64).reshape(-1)[0])
+            missing = sorted(set(range(max(by_block, default=-1) + 1)) - set(by_block))
+            if missing:
+                raise ConversionError(f"the checkpoint lacks {hf_pattern.format(bid=missing[0])}")
+            self.scalars[name] = [by_block[bid] for bid in sorted(by_block)]
 
     # -- question 2 -----------------------------------------------------------------------
     def metadata(self) -> Metadata:
@@ -181,9 +205,10 @@ class Architecture:
         return mapped
 
     def _ignored_patterns(self) -> tuple[str, ...]:
+        scalars = tuple(_pattern_regex(p).pattern for p in self.scalar_tensors)  # metadata, see read_scalars
         if self.tied_output_head and self.config.get("tie_word_embeddings", default=True):
-            return (*self.ignored_tensors, self.tied_output_head)
-        return self.ignored_tensors
+            return (*self.ignored_tensors, *scalars, self.tied_output_head)
+        return (*self.ignored_tensors, *scalars)
 
     def keep_f32(self, gguf_name: str) -> bool:
         return any(re.fullmatch(p, gguf_name) for p in self.f32_tensors)
@@ -195,13 +220,13 @@ class Architecture:
         )
 
 
+def _pattern_regex(hf_pattern: str) -> re.Pattern:
+    """An HF name pattern ({bid}: block number, {xid}: expert number) as a regex."""
+    return re.compile(re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)"))
+
+
 def _compile_patterns(table: Mapping[str, str | T]) -> list[tuple[re.Pattern, str]]:
-    compiled = []
-    for hf_pattern, entry in table.items():
-        gguf_pattern = gguf_name(entry)
-        regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
-        compiled.append((re.compile(regex), gguf_pattern))
-    return compiled
+    return [(_pattern_regex(hf_pattern), gguf_name(entry)) for hf_pattern, entry in table.items()]
 
 
 def _match(patterns: Iterable[tuple[re.Pattern, str]], hf_name: str) -> tuple[str, int | None] | None:
