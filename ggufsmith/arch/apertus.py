@@ -48,7 +48,10 @@ class Apertus(Decoder):
         n_layer = c.get_int("num_hidden_layers", min=1)
         for hf_pattern, key in self.scalar_tensors.items():
             values = self.scalars.get(key, [])
-            if len(values) != n_layer:
-                raise ConversionError(f"the checkpoint has {hf_pattern} for {len(values)} blocks, "
-                                      f"{c.path} num_hidden_layers = {n_layer}")
+            if len(values) < n_layer:
+                raise ConversionError(f"the checkpoint lacks {hf_pattern.format(bid=len(values))}, which llama.cpp "
+                                      f"needs ({c.path} num_hidden_layers = {n_layer})")
+            if len(values) > n_layer:
+                raise ConversionError(f"the checkpoint has {hf_pattern} for {len(values)} blocks, but {c.path} "
+                                      f"num_hidden_layers = {n_layer}")
             keys.metadata.add_array(key, values, GGUFValueType.FLOAT32)

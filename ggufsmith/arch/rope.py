@@ -150,7 +150,7 @@ class Rope:
     def _longrope_factors(self, field: str, rotary_dims: int) -> np.ndarray:
         values = self.params.get_list(field)
         if len(values) != rotary_dims // 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            raise self.params.error(field, f"{len(values)} values", f"{rotary_dims // 2} numbers, one per rotated pair")
+            raise self.params.error(field, values, f"{rotary_dims // 2} numbers (one per rotated pair), not {len(values)}")
         return np.asarray(values, dtype=np.float32)
 
 
