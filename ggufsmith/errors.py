@@ -19,3 +19,7 @@ class ConversionError(GgufsmithError):
 
 class TokenizerError(ConversionError):
     """A tokenizer that llama.cpp cannot represent faithfully."""
+
+
+class OutputError(GgufsmithError):
+    """The output cannot be written where asked: an input, a directory, a device, a full disk, ..."""
