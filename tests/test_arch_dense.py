@@ -64,6 +64,8 @@ GLM4_DIFFERENCES = {"tokenizer.ggml.unknown_token_id": "the reference names <|en
 TEKKEN_DIFFERENCES = {"tokenizer.ggml.seperator_token_id": "the reference names the <s> of the test tokenizer's pair "
                                                          "template a separator, which llama.cpp never adds "
                                                          "(add_sep_token false)"}
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                       original_max_position_embeddings=16, mscale=1.0, mscale_all_dim=0.7, llama_4_scaling_beta=0.1)
 STABLELM_DIFFERENCES = {"stablelm.rope.freq_base": "the reference omits it, which is right only for rope_theta 10000"}
 
 
@@ -131,10 +133,16 @@ MODELS = {
     # temperature, both at work within the prompt (original context 16)
     "ministral3": variant("Ministral3Config", "Ministral3ForCausalLM", "mistral3", "tekken", head_dim=16,
                           bos_token_id=1, eos_token_id=2,
-                          rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0, beta_fast=32.0, beta_slow=1.0,
-                                               original_max_position_embeddings=16, mscale=1.0, mscale_all_dim=0.7,
-                                               llama_4_scaling_beta=0.3),
-                          differences=TEKKEN_DIFFERENCES),
+                          rope_parameters=MINISTRAL3_ROPE, differences=TEKKEN_DIFFERENCES),
+    # Ministral 3 with vision (Mistral3ForConditionalGeneration): its language model, the Pixtral
+    # tower and projector left out
+    "mistral3-vision": variant("Mistral3Config", "Mistral3ForConditionalGeneration", "mistral3", "tekken",
+                               differences=TEKKEN_DIFFERENCES) | {"fields": dict(
+        text_config=dict(COMMON, model_type="ministral3", head_dim=16, bos_token_id=1, eos_token_id=2,
+                         rope_parameters=MINISTRAL3_ROPE),
+        vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=16, image_size=32, patch_size=16),
+        image_token_index=10)},
     # transformers' Ministral (sliding window on every layer, wider than the prompt): llama's layout
     "ministral": variant("MinistralConfig", "MinistralForCausalLM", "llama", "tekken", head_dim=16, bos_token_id=1, eos_token_id=2,
                          sliding_window=4096,
@@ -263,7 +271,7 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
 # reads (transformers/integrations/ggml.py). Not qwen3: the loader ignores attention.key_length, so
 # it cannot build a Qwen3 whose head size is not hidden/heads (our variant, and Qwen3-0.6B), whoever
 # converted the file.
-@pytest.mark.parametrize("kind", ["qwen2", "stablelm", "starcoder2"])
+@pytest.mark.parametrize("kind", ["qwen2", "stablelm", "starcoder2", "phi3"])
 def test_transformers_gguf_loader_gives_the_original_logits(models, converted, kind, tmp_path):
     import numpy as np
     import torch
