@@ -326,3 +326,20 @@ def test_exaone4_multi_token_prediction_left_out_with_a_notice(models, converted
     assert [r.getMessage() for r in caplog.records if "mtp." in r.getMessage()] != []
     ours = [t.name for t in gguf.GGUFReader(tmp_path / "mtp.gguf").tensors]
     assert ours == [t.name for t in gguf.GGUFReader(converted("exaone4", "f32")).tensors]
+
+
+def test_glm4_config_without_head_dim_and_rotary_fraction_gets_glm4configs_defaults():
+    """GLM-4 configs that leave out head_dim and partial_rotary_factor: transformers' Glm4Config fills
+    in its own values (not hidden/heads, not a whole head), and so must the keys."""
+    from transformers import Glm4Config
+
+    from ggufsmith.arch.glm4 import Glm4
+    from ggufsmith.readers.config import HFConfig
+
+    fields = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
+                  intermediate_size=1024, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
+    reference = Glm4Config(**fields)
+    keys = {k: v.plain() for k, v in Glm4(HFConfig(fields)).metadata().items()}
+    assert keys["glm4.attention.key_length"] == reference.head_dim != fields["hidden_size"] // fields["num_attention_heads"]
+    rotated = int(reference.head_dim * reference.rope_parameters["partial_rotary_factor"])
+    assert keys["glm4.rope.dimension_count"] == rotated < reference.head_dim

@@ -56,12 +56,11 @@ class Rope:
         if self.theta is not None and self.theta <= 0:
             raise self.params.error("rope_theta", self.theta, "a positive number")
 
-    def partial_rotary_factor(self, *legacy_names: str, default: float = 1.0) -> float:
-        """The fraction of each head that is rotated (`default` when the config does not say: 1.0,
-        all of it, unless the family's config class fills in another)."""
+    def partial_rotary_factor(self, *legacy_names: str) -> float:
+        """The fraction of each head that is rotated (1.0: all of it)."""
         value = self.params.get_float("partial_rotary_factor", default=None, min=0, max=1)
         if value is None:
-            value = self.config.get_float("partial_rotary_factor", *legacy_names, default=default, min=0, max=1)
+            value = self.config.get_float("partial_rotary_factor", *legacy_names, default=1.0, min=0, max=1)
         return value
 
     def require_unscaled(self) -> None:
