@@ -409,6 +409,13 @@ class Keys:
         ARCHITECTURE_VERSION = "{arch}.architecture_version"
         RESCALE_EVERY_N_LAYERS = "{arch}.rescale_every_n_layers"
 
+    class XIELU:
+        """Apertus' xIELU activation, one value per block; llama.cpp's names carry no architecture."""
+        ALPHA_N = "xielu.alpha_n"
+        ALPHA_P = "xielu.alpha_p"
+        BETA = "xielu.beta"
+        EPS = "xielu.eps"
+
     class Whisper:
         ENCODER_CONTEXT_LENGTH = "{arch}.encoder.context_length"
         ENCODER_EMBEDDING_LENGTH = "{arch}.encoder.embedding_length"
