@@ -126,14 +126,24 @@ def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], in
 
 def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(piece(start, stop), its size) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
-    tensor = t.tensor
+    row_bytes = t.nbytes // max(1, row_count(t.tensor))
+    for start, stop in row_ranges(t.tensor):
+        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
+
+
+def row_count(tensor) -> int:
+    """Rows of a tensor (a 1-D tensor is one row)."""
     row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
-    n_rows = tensor.n_elements // row_length if row_length else 0
-    row_bytes = t.nbytes // n_rows if n_rows else 0
+    return tensor.n_elements // row_length if row_length else 0
+
+
+def row_ranges(tensor) -> Iterator[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of rows of about SLICE_ELEMENTS elements (one empty range for no rows)."""
+    row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
+    n_rows = row_count(tensor)
     step = max(1, SLICE_ELEMENTS // max(1, row_length))
     for start in range(0, max(1, n_rows), step):
-        stop = min(start + step, n_rows)
-        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
+        yield start, min(start + step, n_rows)
 
 
 def bf16_bits_to_f16_bits(bits: np.ndarray) -> np.ndarray:
@@ -164,71 +174,39 @@ def _checked(t: PlannedTensor, produce: Callable[[], np.ndarray]) -> np.ndarray:
 
 
 def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
-    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type,
+    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type."""
+    return encode_many([t], load, first_row)[0]
+
+
+def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], first_row: int) -> list[np.ndarray]:
+    """The GGUF bytes of rows first_row.. of one source tensor for each planned output tensor of
+    `group` (the same tensor in several files): loaded and made float once, quantized to each type,
     each expert's rows of a 3-D tensor with that expert's importance vector."""
 
-    def produce() -> np.ndarray:
+    def produce() -> list[np.ndarray]:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
-        if t.importance is None:
-            return quantize(data, t.ggml_type)
-        rows = data.reshape(-1, t.shape[-1])
-        rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
-        pieces = [quantize(rows[start:stop], t.ggml_type, importance)
-                  for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return [_quantized(t, data, first_row) for t in group]
 
-    return _checked(t, produce)
+    return _checked(group[0], produce)
+
+
+def _quantized(t: PlannedTensor, data: np.ndarray, first_row: int) -> np.ndarray:
+    if t.importance is None:
+        return quantize(data, t.ggml_type)
+    rows = data.reshape(-1, t.shape[-1])
+    rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
+    pieces = [quantize(rows[start:stop], t.ggml_type, importance)
+              for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:
     """Load, transform, quantize and write every planned tensor. Returns the written path."""
-    from tqdm import tqdm
+    from ggufsmith.converters.fanout import write_plans
 
-    dst = Path(dst)
-    bar = tqdm(total=plan.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-               disable=not progress, desc=dst.name, dynamic_ncols=True)
-    pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="ggufsmith-convert")
-    try:
-        # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
-        # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
-        # the wall time of a conversion; the OS writes the data back on its own schedule.
-        alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
-        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False) as writer:
-            for t in plan.tensors:
-                writer.add_tensor(t.name, t.shape, t.ggml_type)
-            converted = _converted_in_order(plan.tensors, pool)
-            for _, pieces in groupby(converted, key=lambda item: id(item[0])):
-                t, first = next(pieces)
-                writer.write_tensor_pieces(t.name, _counted(bar, first, (piece for _, piece in pieces)))
-        return dst
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        bar.close()
-
-
-def _counted(bar, first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-    for piece in chain((first,), rest):
-        yield piece
-        bar.update(piece.nbytes)
-
-
-def _converted_in_order(tensors: list[PlannedTensor], pool: ThreadPoolExecutor) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
-    """(tensor, bytes of its next piece) in file order, conversion running up to LOOKAHEAD_BYTES ahead."""
-    pending: deque[tuple[PlannedTensor, int, Future]] = deque()
-    ahead = 0
-    for t in tensors:
-        for unit, nbytes in _work_units(t):
-            pending.append((t, nbytes, pool.submit(unit)))
-            ahead += nbytes
-            while len(pending) > 1 and ahead > LOOKAHEAD_BYTES:
-                done, size, future = pending.popleft()
-                ahead -= size
-                yield done, future.result()
-    while pending:
-        done, _, future = pending.popleft()
-        yield done, future.result()
+    return write_plans([(plan, Path(dst))], progress=progress)[0]
 
 
 def convert(

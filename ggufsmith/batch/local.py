@@ -1,0 +1,54 @@
+"""Running a batch's sources on this machine: in this process, or over worker processes within a memory budget.
+
+Each source is one task (`runner.run_source`), so each source is still read once. How many run at
+once: --jobs (or the plan's `jobs`), else the cores, never more than the memory budget allows at
+`memory_per_source` bytes each, never more than there are sources. A worker that dies (killed,
+out of memory) fails the sources it had, with that message; the others go on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+
+from ggufsmith.batch.plan import SourceSpec
+from ggufsmith.batch.runner import OutputResult, run_source
+from ggufsmith.converters import fanout, pipeline
+
+# What one source's conversion holds besides the interpreter: converted pieces ahead of the writers,
+# pieces queued per file, spills kept in memory per file, and the largest tensor loaded whole.
+BASE_MEMORY = 512 << 20
+
+
+def memory_per_source(spec: SourceSpec) -> int:
+    per_file = fanout.SPILL_MEMORY + fanout.QUEUE_PIECES * (pipeline.SLICE_ELEMENTS * 4)
+    return BASE_MEMORY + pipeline.LOOKAHEAD_BYTES + len(spec.outtypes) * per_file
+
+
+def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | None) -> int:
+    count = jobs or len(os.sched_getaffinity(0))
+    if max_memory is not None:
+        count = min(count, max(1, max_memory // max(memory_per_source(s) for s in specs)))
+    return max(1, min(count, len(specs)))
+
+
+def run_local(specs: list[SourceSpec], *, force: bool, workers: int,
+              on_bytes: Callable[[int], None] | None = None) -> Iterator[list[OutputResult]]:
+    """Each source's results as it finishes (in this process when `workers` is 1)."""
+    if workers == 1:
+        for spec in specs:
+            yield run_source(spec, force=force, on_bytes=on_bytes)
+        return
+    # spawn, not fork: the parent has threads (the progress bar's), which fork would copy half-alive
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_source, spec, force=force): spec for spec in specs}
+        for future in as_completed(futures):
+            spec = futures[future]
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                yield [OutputResult(spec.label, o, None, "failed", error="the worker process running this source died "
+                                    "(killed or out of memory: lower --jobs or --max-memory)") for o in spec.outtypes]
