@@ -23,6 +23,13 @@ class BatchReport:
     def ok(self) -> bool:
         return not self.failed
 
+    def failures(self) -> dict[tuple[str, str], str]:
+        """(source, error) -> the output types it failed: one entry per failing source, not per output."""
+        grouped: dict[tuple[str, str], list[str]] = {}
+        for r in self.failed:
+            grouped.setdefault((r.source, r.error or ""), []).append(r.outtype)
+        return {key: ", ".join(types) for key, types in grouped.items()}
+
     def as_dict(self) -> dict:
         counts = {status: sum(r.status == status for r in self.results) for status in ("done", "skipped", "failed")}
         return {"plan": self.plan, "seconds": round(self.seconds, 3), **counts, "outputs": [r.as_dict() for r in self.results]}
@@ -40,7 +47,7 @@ class BatchReport:
         right = {3, 4, 5}
         lines = ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
                  for row in rows]
-        lines += [f"{r.source} ({r.outtype}): {r.error}" for r in self.failed]
+        lines += [f"{source} ({types}): {error}" for (source, error), types in self.failures().items()]
         d = self.as_dict()
         lines.append(f"{d['done']} written, {d['skipped']} already done, {d['failed']} failed, in {self.seconds:.1f}s")
         return "\n".join(lines)

@@ -27,8 +27,6 @@ def run(args: argparse.Namespace) -> int:
     report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray,
                    progress=not args.quiet and not args.json)
     print(report.to_json() if args.json else report.table())
-    failed_sources = {r.source: r for r in report.failed}  # one line per source, whatever its outputs
-    for source, r in failed_sources.items():
-        types = ", ".join(f.outtype for f in report.failed if f.source == source)
-        print(f"ggufsmith: error: {source} ({types}): {r.error}", file=sys.stderr)
+    for (source, error), types in report.failures().items():  # one line per failing source
+        print(f"ggufsmith: error: {source} ({types}): {error}", file=sys.stderr)
     return 0 if report.ok else 1
