@@ -21,6 +21,10 @@ class TokenizerError(ConversionError):
     """A tokenizer that llama.cpp cannot represent faithfully."""
 
 
+class OutputError(GgufsmithError):
+    """The output cannot be written where asked: an input, a directory, a device, a full disk, ..."""
+
+
 class BatchError(GgufsmithError):
     """A batch plan that cannot be run as written (a bad key, a missing source, a name clash)."""
 

@@ -26,11 +26,14 @@ def copy_example(tmp_path: Path, name: str = "model") -> Path:
     return target
 
 
-def run_cli(*args: str | Path, timeout: float = 300, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """`ggufsmith ARGS` in a fresh interpreter, run from this checkout's sources."""
-    code = "import sys; from ggufsmith.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+CLI_CODE = "import sys; from ggufsmith.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_cli(*args: str | Path, timeout: float = 300, cwd: Path = REPO, preexec_fn=None) -> subprocess.CompletedProcess:
+    """`ggufsmith ARGS` in a fresh interpreter, run from this checkout's sources; `preexec_fn` runs
+    in the child before it starts (to set a resource limit, say)."""
+    return subprocess.run([sys.executable, "-c", CLI_CODE, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
 
 
 def leftovers(folder: Path) -> list[Path]:

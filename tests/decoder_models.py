@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.family_models import randomize
+
 HIDDEN = 64
 LAYERS = 2
 HEADS = 4
@@ -64,14 +66,7 @@ def build_model(kind: str, model_dir: Path, vocab_size: int, seed: int = 0, **ov
     config = getattr(transformers, config_class)(vocab_size=vocab_size, **fields)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.ndim >= 2:
-                param.normal_(0.0, 0.15)
-            elif name.endswith("bias"):
-                param.normal_(0.0, 0.1)
-            else:
-                param.normal_(1.0, 0.1)
+    randomize(model, norm_spread=0.1)
     model.save_pretrained(model_dir)
     return model_dir
 

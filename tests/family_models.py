@@ -17,14 +17,26 @@ import numpy as np
 PROMPT = "The quick brown fox, größere Äpfel, 我们今天去公园散步。 Привет! 12345 🦙 def f(x): return x ** 2"
 
 
-def build_model(config_class: str, model_class: str, model_dir: Path, seed: int = 0, **fields) -> Path:
-    """Save a random `model_class` (a transformers class name) built from `config_class(**fields)`."""
+def build_model(config_class: str, model_class: str, model_dir: Path, seed: int = 0, fused_experts: bool = False,
+                **fields) -> Path:
+    """Save a random `model_class` (a transformers class name) built from `config_class(**fields)`;
+    with fused_experts, in the layout transformers 5 keeps in memory (experts stacked and gate_up
+    fused: save_pretrained(save_original_format=False)) instead of one tensor per expert."""
     import torch
     import transformers
 
     config = getattr(transformers, config_class)(**fields)
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(config)
+    randomize(model)
+    model.save_pretrained(model_dir, save_original_format=not fused_experts)
+    return model_dir
+
+
+def randomize(model, norm_spread: float = 0.2) -> None:
+    """Matrices N(0, 0.15), biases N(0, 0.1), norm weights and other vectors N(1, norm_spread)."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
             if param.ndim >= 2:
@@ -32,9 +44,7 @@ def build_model(config_class: str, model_class: str, model_dir: Path, seed: int 
             elif name.endswith("bias"):
                 param.normal_(0.0, 0.1)
             else:
-                param.normal_(1.0, 0.2)
-    model.save_pretrained(model_dir)
-    return model_dir
+                param.normal_(1.0, norm_spread)
 
 
 def hf_logits(model_dir: Path, model_class: str, token_ids: list[int]) -> np.ndarray:

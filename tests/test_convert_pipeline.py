@@ -25,6 +25,7 @@ from ggufsmith.quantize import dequantize, supported_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_toy_plugin import ToyLlama  # noqa: E402
+from terminal import run_on_terminal  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 REPO = Path(__file__).resolve().parent.parent
@@ -259,16 +260,19 @@ def test_cli_dry_run_prints_the_plan_and_writes_nothing(tmp_path, toy_bf16):
 
 def test_cli_progress_and_quiet(tmp_path, toy_bf16):
     model_dir, _ = toy_bf16
-    loud = _cli("convert", "--arch", "toyllama", str(model_dir), str(tmp_path / "a.gguf"), "--outtype", "f16")
-    assert loud.returncode == 0, loud.stderr
-    assert "a.gguf: 100%" in loud.stderr and "B/s" in loud.stderr  # tqdm's byte bar, on stderr
-    assert "blk.0.ffn_down.weight" not in loud.stdout
+    status, stderr = run_on_terminal([sys.executable, "-c", CLI_WITH_TOY, "convert", "--arch", "toyllama", str(model_dir),
+                                      str(tmp_path / "a.gguf"), "--outtype", "f16"], REPO)
+    assert status == 0, stderr
+    assert "a.gguf: 100%" in stderr and "B/s" in stderr  # tqdm's byte bar, on a terminal's stderr
+    piped = _cli("convert", "--arch", "toyllama", str(model_dir), str(tmp_path / "c.gguf"), "--outtype", "f16")
+    assert piped.returncode == 0 and "%" not in piped.stderr and "wrote" in piped.stderr  # no bar in a pipe or log
+    assert "blk.0.ffn_down.weight" not in piped.stdout
     quiet = _cli("convert", "--arch", "toyllama", str(model_dir), str(tmp_path / "b.gguf"), "--outtype", "f16", "--quiet")
     assert quiet.returncode == 0 and quiet.stderr == "" and quiet.stdout == ""
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
     fields, _ = _read(tmp_path / "a.gguf")
     assert fields["tokenizer.ggml.model"] == "llama" and len(fields["tokenizer.ggml.tokens"]) == VOCAB
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf", "b.gguf"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf", "b.gguf", "c.gguf"]
 
 
 def test_error_mid_conversion_leaves_nothing(tmp_path, toy_bf16):

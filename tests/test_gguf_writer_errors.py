@@ -162,7 +162,7 @@ class _InterruptedFile:
 def test_keyboard_interrupt_mid_write_leaves_nothing(tmp_path):
     w = _two_tensor_writer(tmp_path / "out.gguf")
     w.write_tensor("a", A)
-    w._file = _InterruptedFile(w._file)
+    w._out.file = _InterruptedFile(w._out.file)
     with pytest.raises(KeyboardInterrupt):
         w.write_tensor("b", B)
     _assert_empty(tmp_path)

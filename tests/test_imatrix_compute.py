@@ -131,6 +131,18 @@ def test_output_head_skipped_by_default_as_llama_imatrix(models):
     assert "output.weight" not in result.entries() and all(n.startswith("blk.") for n in result.entries())
 
 
+def test_threads_sets_torch_threads_while_the_model_runs(models):
+    """--threads N: torch runs the model on N threads, and the caller's setting comes back after."""
+    import torch
+
+    seen = []
+    before = torch.get_num_threads()
+    compute_imatrix(models["llama"], calibration_text(3), chunk_size=CHUNK, max_chunks=2, threads=before + 1,
+                    progress=lambda done, total: seen.append(torch.get_num_threads()))
+    assert seen == [before + 1, before + 1]
+    assert torch.get_num_threads() == before
+
+
 def test_experts_count_only_their_tokens(models):
     model_dir, text = models["mixtral"], calibration_text(4)
     result = compute_imatrix(model_dir, text, chunk_size=CHUNK, max_chunks=3)

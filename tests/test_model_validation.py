@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ggufsmith.arch.registry import all_architectures
-from ggufsmith.arch.tensors import T, _names_in, check_model, model_dims
+from ggufsmith.arch.tensors import T, _names_in, check_model, model_dims, table_entries
 from ggufsmith.converters.pipeline import make_plan
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -31,9 +31,10 @@ STANDARD_DIMS = {"n_layer", "n_ctx", "n_embd", "n_ff", "n_head", "n_head_kv", "h
 @pytest.mark.parametrize("name", sorted(all_architectures()))
 def test_every_builtin_plugin_declares_each_tensor_with_its_shape(name):
     plugin = all_architectures()[name]
-    undeclared = [hf for hf, entry in plugin.tensor_names.items() if not isinstance(entry, T) or not entry.shape]
+    entries = list(table_entries(plugin.tensor_names))
+    undeclared = [hf for hf, entry in entries if not isinstance(entry, T) or not entry.shape]
     assert not undeclared, f"{name}: no shape declared for {undeclared[:5]}"
-    for entry in plugin.tensor_names.values():
+    for _, entry in entries:
         for expression in (*entry.shape, entry.when or "0", entry.blocks):
             compile(str(expression), "<shape>", "eval")  # a typo in a shape expression fails here
         assert set(n for e in entry.shape for n in _names_in(e)) - STANDARD_DIMS - {"n_mels", "n_att"} <= \
@@ -41,7 +42,8 @@ def test_every_builtin_plugin_declares_each_tensor_with_its_shape(name):
 
 
 def _plugin_dim_names(plugin) -> set[str]:
-    return {"n_enc_layer", "n_dec_layer", "n_enc_ff", "n_dec_ff", "n_enc_ctx", "n_dec_ctx"} if plugin.name == "whisper" else set()
+    whisper = {"n_enc_layer", "n_dec_layer", "n_enc_ff", "n_dec_ff", "n_enc_ctx", "n_dec_ctx"} if plugin.name == "whisper" else set()
+    return whisper | set(plugin.dim_names)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
 from ggufsmith.converters.plan import OUTTYPES
 from tests.requant_oracle import assert_same_file, assert_same_tensors, llama_quantize
+from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -340,10 +341,12 @@ def test_convert_cli_with_preset_and_imatrix(models, imatrices, tmp_path):
     path, values, overrides = imatrices["mixtral"]
     assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, imatrix=values,
                           kv_overrides=overrides) == 0
-    result = _cli("convert", model_dir, tmp_path / "ours.gguf", "--outtype", "Q4_K_M", "--imatrix", path)
+    status, stderr = run_on_terminal([sys.executable, "-m", "ggufsmith", "convert", str(model_dir), str(tmp_path / "ours.gguf"),
+                                      "--outtype", "Q4_K_M", "--imatrix", str(path)], REPO)
+    assert status == 0, stderr
     assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
-    assert "ours.gguf: 100%" in result.stderr  # one byte bar over the whole file
-    assert "bits per weight" in result.stderr and "Q8_0" in result.stderr  # the type table (MoE attn_v -> Q8_0)
+    assert "ours.gguf: 100%" in stderr  # one byte bar over the whole file
+    assert "bits per weight" in stderr and "Q8_0" in stderr  # the type table (MoE attn_v -> Q8_0)
     misuse = _cli("convert", model_dir, tmp_path / "x.gguf", "--outtype", "f16", "--imatrix", path, check=False)
     assert misuse.returncode == 1 and "preset" in misuse.stderr
 

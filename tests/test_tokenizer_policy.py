@@ -87,3 +87,47 @@ def test_python_api_strict_tokenizer(nfkc_model, tmp_path):
     with pytest.raises(TokenizerError, match="nmt_nfkc.*refused by --strict-tokenizer"):
         ggufsmith.convert(nfkc_model, tmp_path / "model.gguf", "f32", strict_tokenizer=True)
     assert not (tmp_path / "model.gguf").exists()
+
+
+def test_the_warning_gives_way_to_an_error(nfkc_model, tmp_path):
+    # The conversion fails after the tokenizer was exported (a weight is missing): the error is the
+    # one line printed; the tokenizer warning is printed only when a conversion succeeds.
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(nfkc_model, model_dir)
+    weights = load_file(model_dir / "model.safetensors")
+    del weights["model.layers.1.mlp.down_proj.weight"]
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    target = tmp_path / "model.gguf"
+    proc = run_cli("convert", model_dir, target, "--outtype", "f32", "--quiet")
+    assert_clean_failure(proc, "blk.1.ffn_down.weight", target)
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_legacy_false_is_a_warned_difference(tmp_path, caplog, legacy):
+    # transformers' legacy=false puts no space before text that follows a special token;
+    # llama.cpp's SentencePiece tokenizer always does. Both the tokenizer.model folder and the
+    # tokenizer.json transformers saves from it (Metaspace prepend_scheme 'first') are checked.
+    import transformers
+
+    from ggufsmith.tokenizer import export_tokenizer
+    from tests.tokenizer_helpers import load_llama_vocab, write_tokenizer_config, write_vocab_gguf
+
+    model_dir = train_sentencepiece(tmp_path / "sp")
+    write_tokenizer_config(model_dir, legacy=legacy)
+    json_dir = tmp_path / "json"
+    transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(json_dir)
+    (json_dir / "tokenizer.model").unlink(missing_ok=True)
+    write_tokenizer_config(json_dir, legacy=legacy)  # save_pretrained drops it
+    text = "<|im_start|>Hello world"
+    for folder in (model_dir, json_dir):
+        caplog.clear()
+        hf = transformers.AutoTokenizer.from_pretrained(folder)
+        llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(folder), folder / "vocab.gguf"))
+        same = llm.tokenize(text.encode(), add_bos=False, special=True) == hf.encode(text, add_special_tokens=False)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert same == legacy, folder
+        assert (len(warnings) == 1 and "follows a special token" in warnings[0]) == (not legacy), warnings

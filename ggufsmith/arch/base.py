@@ -15,17 +15,21 @@ experts of one block are stacked (in expert order) into one GGUF tensor of shape
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ggufsmith.constants import GGUFValueType, arch_key
-from ggufsmith.arch.tensors import T, check_model, gguf_name, model_dims
+from ggufsmith.arch.tensors import Split, T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError, GGUFError
 from ggufsmith.gguf_writer.metadata import Metadata, check_key
+
+log = logging.getLogger(__name__)
+
 
 class ArchKeys:
     """Writes `{arch}.*` keys with the types llama.cpp expects; skips values that are None."""
@@ -74,6 +78,26 @@ def _integral(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class LanguageModelOf:
+    """Where a multimodal checkpoint (vision or audio encoder + language model) keeps its language
+    model, for plugins that convert only that part (llama.cpp loads the encoders from a separate
+    mmproj file). A plugin declares it as `language_model = LanguageModelOf(...)`; it applies when
+    config.json has the `config` section:
+      - the plugin's `self.config` is that section (`text_config`), so the plugin reads it as it
+        reads the config of the text-only model;
+      - tensor names starting with a key of `prefixes` are matched against the tensor table with
+        that prefix replaced by its value (`"model.language_model."` -> `"model."`), so one table
+        serves both; the first prefix that matches wins;
+      - tensors under a key of `skipped` are left out, with one warning naming what was skipped;
+      - any other tensor must match the table as usual (an unknown part is an error, never dropped).
+    """
+
+    prefixes: Mapping[str, str]
+    skipped: Mapping[str, str]  # HF prefix -> what it holds, for the notice ("vision tower")
+    config: str = "text_config"
+
+
+@dataclass(frozen=True)
 class MappedTensor:
     """One output tensor: its GGUF name, the HF tensors it is made of, and the lazy data."""
 
@@ -88,19 +112,35 @@ class Architecture:
     name: ClassVar[str]  # general.architecture, e.g. "llama"
     hf_classes: ClassVar[tuple[str, ...]] = ()  # config.json "architectures" values claimed
     model_types: ClassVar[tuple[str, ...]] = ()  # config.json "model_type" values claimed
-    tokenizer_kind: ClassVar[str | None] = None  # exporter: "llama" (SentencePiece), "gpt2" (BPE), None: detect
+    # tokenizer exporter: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4", "rwkv"; None: detect
+    tokenizer_kind: ClassVar[str | None] = None
     # HF pattern -> GGUF tensor: a T declaring its GGUF name pattern and the shape llama.cpp loads it
-    # with (checked before anything is written; see arch/tensors.py), or just the GGUF name.
-    tensor_names: ClassVar[dict[str, str | T]] = {}
+    # with (checked before anything is written; see arch/tensors.py), a Split of one HF tensor into
+    # several GGUF ones (a fused gate_up), or just the GGUF name.
+    tensor_names: ClassVar[dict[str, str | T | Split]] = {}
     ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
     # Regex of the HF output-head tensor that is dropped when config.json ties it to the token
     # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
     # uses token_embd in its place. None: the plugin decides itself (llama keeps a stored lm_head).
     tied_output_head: ClassVar[str | None] = None
+    # The names dims() adds to tensors.model_dims' (for the check that shape expressions use known names).
+    dim_names: ClassVar[tuple[str, ...]] = ()
+    # Multimodal checkpoints whose language model this plugin converts (see LanguageModelOf).
+    language_model: ClassVar[LanguageModelOf | None] = None
+    # Values the family's transformers config class fills in for keys config.json leaves out (the
+    # Hub's Gemma 3 text_config gives only what differs from them); self.config has them.
+    config_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: HFConfig) -> None:
-        self.config = config
+        # config.json as a whole, and the config of the model converted (its text_config section
+        # for a multimodal checkpoint): plugins read self.config.
+        self.checkpoint_config = config
+        self.multimodal = self.language_model is not None and self.language_model.config in config
+        self.config = config.sub(self.language_model.config) if self.multimodal else config
+        if self.config_defaults:
+            self.config = self.config.with_defaults(self.config_defaults)
+        self._skipped_notice = ""  # what map_tensors left out of a multimodal checkpoint, told by check()
 
     # -- question 2 -----------------------------------------------------------------------
     def metadata(self) -> Metadata:
@@ -117,6 +157,8 @@ class Architecture:
         dims = model_dims(metadata, self.name, self.dims())
         check_model(self.name, self.tensor_names, [(m.name, m.tensor.shape, m.sources) for m in mapped], dims,
                     self.config.label)
+        if self._skipped_notice:
+            log.warning("%s", self._skipped_notice)  # once the conversion is known to go ahead
 
     # -- question 4 -----------------------------------------------------------------------
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
@@ -142,23 +184,31 @@ class Architecture:
         expert_groups: dict[str, dict[int, tuple[str, LazyTensor]]] = {}
         order: list[str] = []
         unmapped: list[str] = []
+        table_names = self._language_model_names(source) if self.multimodal else {}
         for hf_name, tensor in source.items():
+            if table_names.get(hf_name, hf_name) is None:
+                continue  # a skipped part of a multimodal checkpoint
+            table_name = table_names.get(hf_name, hf_name)
             # Ignoring wins over a name pattern, so that a tied output head (mapped when untied) is dropped.
-            if any(p.fullmatch(hf_name) for p in ignored):
+            if any(p.fullmatch(table_name) for p in ignored):
                 continue
-            target = _match(patterns, hf_name)
+            target = _match(patterns, table_name)
             if target is None:
                 unmapped.append(hf_name)
                 continue
-            gguf_name, expert = target
-            if gguf_name not in singles and gguf_name not in expert_groups:
-                order.append(gguf_name)
-            if expert is None:
-                if gguf_name in singles:
-                    raise ConversionError(f"{hf_name} and {singles[gguf_name][0]} both map to {gguf_name}")
-                singles[gguf_name] = (hf_name, tensor)
-            else:
-                expert_groups.setdefault(gguf_name, {})[expert] = (hf_name, tensor)
+            entry, bid, expert = target
+            names = [gguf_name(part).format(bid=bid) for part in entry.parts] if isinstance(entry, Split) \
+                else [gguf_name(entry).format(bid=bid)]
+            pieces = tensor.split(len(names), entry.axis) if isinstance(entry, Split) else [tensor]
+            for name, piece in zip(names, pieces):
+                if name not in singles and name not in expert_groups:
+                    order.append(name)
+                if expert is None:
+                    if name in singles:
+                        raise ConversionError(f"{hf_name} and {singles[name][0]} both map to {name}")
+                    singles[name] = (hf_name, piece)
+                else:
+                    expert_groups.setdefault(name, {})[expert] = (hf_name, piece)
         if unmapped:
             shown = ", ".join(unmapped[:5]) + (f" and {len(unmapped) - 5} more" if len(unmapped) > 5 else "")
             raise ConversionError(
@@ -166,19 +216,41 @@ class Architecture:
                 "the checkpoint may be of a variant this plugin does not support"
             )
         mapped = [MappedTensor(name, (), tensor) for name, tensor in self.extra_tensors().items()]
-        for gguf_name in order:
-            if gguf_name in singles:
-                hf_name, tensor = singles[gguf_name]
+        for name in order:
+            if name in singles:
+                hf_name, tensor = singles[name]
                 sources = (hf_name,)
             else:
-                group = expert_groups[gguf_name]
+                group = expert_groups[name]
                 missing = sorted(set(range(len(group))) - set(group))
                 if missing:
-                    raise ConversionError(f"{gguf_name}: experts {missing} are missing from the checkpoint")
+                    raise ConversionError(f"{name}: experts {missing} are missing from the checkpoint")
                 sources = tuple(group[i][0] for i in range(len(group)))
-                tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{gguf_name} <- {sources[0]}...")
-            mapped.append(MappedTensor(gguf_name, sources, self.transform(gguf_name, tensor)))
+                tensor = LazyTensor.stack([group[i][1] for i in range(len(group))], source=f"{name} <- {sources[0]}...")
+            mapped.append(MappedTensor(name, sources, self.transform(name, tensor)))
         return mapped
+
+    def _language_model_names(self, source: Mapping[str, LazyTensor]) -> dict[str, str | None]:
+        """HF name -> the name the tensor table knows it by (None: skipped), for a multimodal
+        checkpoint; tells once, in one line, which parts are left out."""
+        spec = self.language_model
+        names: dict[str, str | None] = {}
+        skipped: dict[str, int] = {}
+        for hf_name in source:
+            part = next((p for p in spec.skipped if hf_name.startswith(p)), None)
+            if part is not None:
+                names[hf_name] = None
+                skipped[part] = skipped.get(part, 0) + 1
+                continue
+            prefix = next((p for p in spec.prefixes if hf_name.startswith(p)), None)
+            if prefix is not None:
+                names[hf_name] = spec.prefixes[prefix] + hf_name[len(prefix):]
+        if skipped:
+            parts = ", ".join(f"{spec.skipped[p]} ({n} tensors {p}*)" for p, n in skipped.items())
+            self._skipped_notice = (f"{self.checkpoint_config.path}: "
+                                    f"{', '.join(self.checkpoint_config.architectures) or self.name}: "
+                                    f"converting the language model only; left out: {parts}")
+        return names
 
     def _ignored_patterns(self) -> tuple[str, ...]:
         if self.tied_output_head and self.config.get("tie_word_embeddings", default=True):
@@ -195,21 +267,20 @@ class Architecture:
         )
 
 
-def _compile_patterns(table: Mapping[str, str | T]) -> list[tuple[re.Pattern, str]]:
+def _compile_patterns(table: Mapping[str, str | T | Split]) -> list[tuple[re.Pattern, str | T | Split]]:
     compiled = []
     for hf_pattern, entry in table.items():
-        gguf_pattern = gguf_name(entry)
         regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
-        compiled.append((re.compile(regex), gguf_pattern))
+        compiled.append((re.compile(regex), entry))
     return compiled
 
 
-def _match(patterns: Iterable[tuple[re.Pattern, str]], hf_name: str) -> tuple[str, int | None] | None:
-    for regex, gguf_pattern in patterns:
+def _match(patterns: Iterable[tuple[re.Pattern, str | T | Split]], hf_name: str) -> tuple[str | T | Split, str, int | None] | None:
+    """(table entry, block number or "", expert number or None) of the first pattern matching."""
+    for regex, entry in patterns:
         m = regex.fullmatch(hf_name)
         if m:
             groups = m.groupdict()
-            name = gguf_pattern.format(bid=groups.get("bid", ""))
             expert = int(groups["xid"]) if groups.get("xid") is not None else None
-            return name, expert
+            return entry, groups.get("bid") or "", expert
     return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.rope import Rope
-from ggufsmith.arch.tensors import T
+from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -25,7 +25,7 @@ V_ROWS = "n_head_kv * head_dim_v"
 O_COLUMNS = "n_head * head_dim_v"
 
 
-def in_block(table: dict[str, T], hf_prefix: str = LAYER, gguf_prefix: str = BLOCK) -> dict[str, T]:
+def in_block(table: dict[str, T | Split], hf_prefix: str = LAYER, gguf_prefix: str = BLOCK) -> dict[str, T | Split]:
     """{"self_attn.q_proj.weight": T("attn_q.weight", ...)} with both sides prefixed by the block."""
     return {hf_prefix + hf: spec.at(gguf_prefix) for hf, spec in table.items()}
 
@@ -73,6 +73,35 @@ def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix:
     return table
 
 
+def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = None,
+            per_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, T | Split]:
+    """The router and routed experts of one block, in both checkpoint layouts: one tensor per
+    expert (`mlp.experts.{xid}.gate_proj.weight`, stacked by the mapper) and the fused stacks of
+    transformers 5 (`mlp.experts.gate_up_proj` (E, 2F, D), split in two, and `mlp.experts.down_proj`).
+    per_expert: the HF names of each expert's gate, up and down projections."""
+    gate = T("ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=when)
+    up = T("ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=when)
+    down = T("ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp", when=when)
+    gate_name, up_name, down_name = per_expert
+    return {
+        f"{prefix}{router}.weight": T("ffn_gate_inp.weight", "n_expert", "n_embd", when=when),
+        f"{prefix}experts.{{xid}}.{gate_name}.weight": gate,
+        f"{prefix}experts.{{xid}}.{up_name}.weight": up,
+        f"{prefix}experts.{{xid}}.{down_name}.weight": down,
+        f"{prefix}experts.gate_up_proj": Split(gate, up),
+        f"{prefix}experts.down_proj": down,
+    }
+
+
+def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None) -> dict[str, T]:
+    """A shared expert: an MLP every token goes through beside the routed ones."""
+    return {
+        f"{prefix}gate_proj.weight": T("ffn_gate_shexp.weight", "n_ff_shexp", "n_embd", when=when),
+        f"{prefix}up_proj.weight": T("ffn_up_shexp.weight", "n_ff_shexp", "n_embd", when=when),
+        f"{prefix}down_proj.weight": T("ffn_down_shexp.weight", "n_embd", "n_ff_shexp", when=when),
+    }
+
+
 def norms(**names: str) -> dict[str, T]:
     """Per-block norms of width n_embd: norms(input_layernorm="attn_norm", ...) (".weight" added)."""
     return {f"{hf}.weight": T(f"{gguf}.weight", "n_embd") for hf, gguf in names.items()}
@@ -116,10 +145,11 @@ class Decoder(Architecture):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        self.n_head = config.get_int("num_attention_heads", min=1)
-        self.n_head_kv = config.get_int("num_key_value_heads", default=self.n_head, min=1)
-        self.head_dim = config.get_int("head_dim", default=None, min=1) or config.get_int("hidden_size", min=1) // self.n_head
-        self.rope = Rope(config)
+        c = self.config  # the text model's config (text_config of a multimodal checkpoint), with defaults
+        self.n_head = c.get_int("num_attention_heads", min=1)
+        self.n_head_kv = c.get_int("num_key_value_heads", default=self.n_head, min=1)
+        self.head_dim = c.get_int("head_dim", default=None, min=1) or c.get_int("hidden_size", min=1) // self.n_head
+        self.rope = Rope(c)
 
     def metadata(self) -> Metadata:
         metadata = Metadata()

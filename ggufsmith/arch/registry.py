@@ -15,6 +15,8 @@ ENTRY_POINT_GROUP = "ggufsmith.architectures"
 # Our own plugins, by module. Each module defines one or more Architecture subclasses.
 BUILTIN_MODULES: tuple[str, ...] = (
     "llama", "qwen", "starcoder2", "olmo", "granite", "smollm3", "stablelm", "seed_oss", "ernie", "command_r",
+    "gemma", "gemma4",
+    "qwen_moe",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
     "mamba", "rwkv", "whisper",
 )

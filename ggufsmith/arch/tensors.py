@@ -59,8 +59,32 @@ class T:
         return T(prefix + self.name, *self.shape, optional=self.optional, when=self.when, blocks=self.blocks)
 
 
+@dataclass(frozen=True)
+class Split:
+    """One HF tensor that holds several GGUF tensors side by side: equal parts along `axis`
+    (e.g. transformers 5's fused experts, gate_up_proj (E, 2F, D), into ffn_gate_exps and
+    ffn_up_exps). The parts stream row-slice by row-slice like any other tensor."""
+
+    parts: tuple[T, ...]
+    axis: int = -2
+
+    def __init__(self, *parts: T, axis: int = -2) -> None:
+        object.__setattr__(self, "parts", parts)
+        object.__setattr__(self, "axis", axis)
+
+    def at(self, prefix: str) -> Split:
+        return Split(*(part.at(prefix) for part in self.parts), axis=self.axis)
+
+
 def gguf_name(entry: str | T) -> str:
     return entry.name if isinstance(entry, T) else entry
+
+
+def table_entries(table: Mapping[str, str | T | Split]) -> Iterable[tuple[str, str | T]]:
+    """(HF pattern, GGUF entry) pairs, a Split's parts each under the pattern of its HF tensor."""
+    for hf_pattern, entry in table.items():
+        for part in entry.parts if isinstance(entry, Split) else (entry,):
+            yield hf_pattern, part
 
 
 # -- dimensions ------------------------------------------------------------------------------------
@@ -187,9 +211,9 @@ class Declared:
     hf_patterns: list[str] = field(default_factory=list)
 
 
-def declarations(table: Mapping[str, str | T]) -> list[Declared]:
+def declarations(table: Mapping[str, str | T | Split]) -> list[Declared]:
     by_name: dict[str, Declared] = {}
-    for hf_pattern, entry in table.items():
+    for hf_pattern, entry in table_entries(table):
         if not isinstance(entry, T):
             continue
         known = by_name.get(entry.name)

@@ -80,9 +80,12 @@ def resolve_source(spec: SourceSpec) -> Path:
         raise BatchError(f"{spec.repo}: {one_line(e)}") from None
 
 
-def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int], None] | None = None) -> list[OutputResult]:
-    """Make every output of `spec` not finished already (all, with `force`); one result per outtype."""
+def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int], None] | None = None,
+               threads: int | None = None) -> list[OutputResult]:
+    """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
+    workers (default: every core); one result per outtype."""
     from ggufsmith.converters.fanout import write_plans
+    from ggufsmith.gguf_writer.output import folder_files
     from ggufsmith.readers.checkpoint import open_checkpoint
 
     started = time.monotonic()
@@ -100,7 +103,9 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
             for outtype in todo:
                 state.forget(files[outtype].name)
             if todo:
-                write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes)
+                inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
+                write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes, inputs=inputs,
+                            threads=threads)
         seconds = time.monotonic() - started
         results = []
         for outtype in spec.outtypes:

@@ -1,18 +1,38 @@
 """The `ggufsmith` command line: subcommands, and one place that turns errors into one-line messages.
 
 Each subcommand lives in the module that does its work; that module provides
-`add_arguments(parser)` and `run(args) -> int`. This file only wires them together.
+`add_arguments(parser)` and `run(args) -> int`. This file only wires them together, and decides
+what reaches the terminal:
+
+- an error is one line, `ggufsmith: error: ...`, and the only line (no traceback unless --verbose);
+- Ctrl-C, SIGTERM and SIGHUP stop the command at once: the temporary file being written is deleted,
+  one line says so, and the exit status is 128 + the signal's number (130 for Ctrl-C, 143 for
+  SIGTERM). The handler exits from where it runs rather than raising an exception through the
+  code below: an exception raised at an arbitrary point can leave a lock of the conversion's
+  thread pool held and the process hung in its clean-up;
+- warnings of ggufsmith's own (its loggers: the file will behave differently from the original
+  in some way) are held until the command succeeds, then printed one line each, --quiet or not;
+  --verbose prints them as they come. Warnings of other libraries (numpy, torch: Python's warnings
+  module) are shown only with --verbose. --quiet (each command's) silences everything else but
+  errors: progress, summaries, notes.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import import_module
 
 from ggufsmith import __version__
 from ggufsmith.errors import GgufsmithError, one_line
+from ggufsmith.gguf_writer.output import delete_own_temp_files
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,10 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args) or 0)
-    except KeyboardInterrupt:
+        with _stop_signals(), _held_warnings(args.verbose) as held:
+            status = int(args.run(args) or 0)
+        for line in held:
+            print(f"ggufsmith: warning: {line}", file=sys.stderr)
+        return status
+    except KeyboardInterrupt:  # main() called from a thread other than the main one: no handler
         print("ggufsmith: interrupted", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
     except (GgufsmithError, OSError, MemoryError) as e:
         if args.verbose:
             traceback.print_exc()
@@ -62,6 +86,74 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ggufsmith: internal error: {type(e).__name__}: {_one_line(e)} (run with --verbose for the traceback)", file=sys.stderr)
         return 1
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_stop_signal(signum: int, frame) -> None:
+    for other in STOP_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(other, signal.SIG_IGN)
+    delete_own_temp_files()
+    what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    newline = "\n" if sys.stderr.isatty() else ""  # after a progress bar's unfinished line
+    try:
+        print(f"{newline}ggufsmith: {what}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(128 + signum)
+
+
+@contextmanager
+def _stop_signals() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # main() called from a thread
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # `nohup ggufsmith ...` keeps ignoring SIGHUP
+            signal.signal(sig, _on_stop_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(" ".join(record.getMessage().split()))
+
+
+@contextmanager
+def _held_warnings(verbose: bool) -> Iterator[list[str]]:
+    """The warnings to print once the command succeeds (see the module docstring)."""
+    ours, foreign = logging.getLogger("ggufsmith"), logging.getLogger("py.warnings")
+    saved = [(logger, logger.level, logger.propagate) for logger in (ours, foreign)]
+    if verbose:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("ggufsmith: %(levelname)s: %(name)s: %(message)s"))
+        ours.setLevel(logging.DEBUG)
+    else:
+        handler = _Held()
+        ours.setLevel(logging.WARNING)
+    foreign_handler = handler if verbose else logging.NullHandler()
+    ours.addHandler(handler)
+    foreign.addHandler(foreign_handler)
+    ours.propagate = foreign.propagate = False
+    logging.captureWarnings(True)
+    try:
+        yield handler.lines if isinstance(handler, _Held) else []
+    finally:
+        logging.captureWarnings(False)
+        ours.removeHandler(handler)
+        foreign.removeHandler(foreign_handler)
+        for logger, level, propagate in saved:
+            logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def _one_line(e: BaseException) -> str:

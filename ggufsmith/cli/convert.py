@@ -39,8 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin to use (default: from config.json)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
-    from ggufsmith.cli.quantize import add_quantize_options
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
+    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_threads_option
+
+    add_force_option(parser)
+    add_threads_option(parser)
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
@@ -52,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggufsmith.cli.quantize import build_request, print_summary
+    from ggufsmith.cli.quantize import build_request, print_summary, show_progress
     from ggufsmith.converters.pipeline import convert
 
     request = None
@@ -60,19 +63,18 @@ def run(args: argparse.Namespace) -> int:
         request = build_request(args.outtype, args)
     elif _preset_options_used(args):
         raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
-    plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run,
-                   progress=not args.quiet, model_name=args.model_name, quantize_request=request,
-                   strict_tokenizer=args.strict_tokenizer)
+    plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
+                   progress=show_progress(args), model_name=args.model_name, quantize_request=request,
+                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
         print_summary(plan, args.dst, dry_run=True)
-    else:
+    elif not args.quiet:
         for t in plan.fallbacks:
             print(f"ggufsmith: {t.name}: {t.note}", file=sys.stderr)
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
-        if not args.quiet:
-            print_summary(plan, args.dst, dry_run=False)
+        print_summary(plan, args.dst, dry_run=False)
     return 0
 
 

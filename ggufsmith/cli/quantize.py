@@ -25,6 +25,23 @@ def tensor_type_arg(text: str) -> tuple[str, GGMLType]:
     return pattern.lower(), ggml_type_arg(type_name)
 
 
+def threads_arg(text: str) -> int:
+    """--threads N: a number of workers, 0 for every core this process may use."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of workers (0 or none: every available core)")
+    return value
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", "-t", type=threads_arg, default=0, metavar="N",
+                        help="worker threads (default: every core this process may use, from its CPU affinity and "
+                             "cgroup quota); the output is the same for any N")
+
+
 def add_quantize_options(parser: argparse.ArgumentParser) -> None:
     """llama-quantize's options that `convert --outtype PRESET` accepts too."""
     parser.add_argument("--imatrix", metavar="FILE", help="importance matrix (llama.cpp's GGUF or legacy .dat format)")
@@ -40,6 +57,18 @@ def add_quantize_options(parser: argparse.ArgumentParser) -> None:
                         help="type of the tensors whose name matches the regular expression PATTERN (repeatable; first match wins)")
     parser.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
                         help="set a metadata key in the output (TYPE int, float, bool or str; int is written as uint32)")
+
+
+def add_force_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--force", action="store_true",
+                        help="if the output is an existing device or FIFO, write into it (it is never replaced; "
+                             "an error then leaves what was written so far in it). An input or a directory is "
+                             "refused even so")
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """A progress bar only on a terminal: in a log file or a pipe it would be lines of noise."""
+    return not args.quiet and sys.stderr.isatty()
 
 
 def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool = False):
@@ -81,15 +110,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
-    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary")
+    parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
+    add_force_option(parser)
+    add_threads_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ggufsmith.converters.requantize import quantize_gguf
 
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
-    plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=not args.quiet,
-                         keep_split=args.keep_split)
+    plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
+                         keep_split=args.keep_split, force=args.force, threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:

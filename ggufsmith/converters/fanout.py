@@ -5,7 +5,7 @@ and writes all their files in one pass over the source tensors. `convert` is the
 
 - Tensors are converted in one order (the llama.cpp order when a preset is among the plans, else
   the first plan's), a tensor's pieces for every file by the same work unit, in a small thread
-  pool, at most LOOKAHEAD_BYTES of output ahead of the writers.
+  pool, at most workers.lookahead_bytes(workers) of output ahead of the writers.
 - Each file has its own writer thread, fed through a bounded queue in that file's own tensor
   order. A tensor that comes before its turn in a file (a preset file puts output.weight first,
   an f16 file last) waits in a spill file: in memory up to SPILL_MEMORY, then on disk beside the
@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,6 +30,7 @@ import numpy as np
 from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, Keys
 from ggufsmith.converters import pipeline
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
+from ggufsmith.converters.workers import Quantizer, lookahead_bytes, resolve_workers
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from ggufsmith.quantize.presets import llama_tensor_order
 from ggufsmith.readers.gguf_source import GGUFTensor
@@ -50,11 +51,14 @@ Unit = tuple[Callable[[], list[tuple[int, np.ndarray]]], int]
 
 
 def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = True,
-                on_bytes: Callable[[int], None] | None = None) -> list[Path]:
-    """Write each plan (all of the same checkpoint) to its path, reading the source once.
+                on_bytes: Callable[[int], None] | None = None, inputs: Iterable[str | Path] = (),
+                force: bool = False, threads: int | None = None) -> list[Path]:
+    """Write each plan (all of the same checkpoint) to its path, reading the source once, on
+    `threads` conversion workers (default: every core this process may use).
 
     `on_bytes(n)` is called as n bytes of output are written (for a caller's own progress bar);
-    with `progress` a tqdm bar on stderr shows the same. Returns the written paths."""
+    with `progress` a tqdm bar on stderr shows the same. `inputs`, `force`: as GGUFWriter's, for
+    every target. Returns the written paths."""
     from tqdm import tqdm
 
     total = sum(plan.total_bytes for plan, _ in jobs)
@@ -69,14 +73,19 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
             if on_bytes is not None:
                 on_bytes(n)
 
-    sinks = [_Sink(plan, Path(dst), written) for plan, dst in jobs]
-    pool = ThreadPoolExecutor(max_workers=pipeline.WORKERS, thread_name_prefix="ggufsmith-convert")
+    workers = resolve_workers(threads)
+    inputs = tuple(inputs)
+    sinks = []
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufsmith-convert")
+    quantizer = Quantizer(workers)
     finished = False
     try:
+        for plan, dst in jobs:  # each target checked (not an input, ...) before any work
+            sinks.append(_Sink(plan, Path(dst), written, inputs, force))
         for sink in sinks:
             sink.thread.start()
         current: tuple[str, list] | None = None
-        for name, group, pieces in _converted_in_order(_groups(jobs), pool):
+        for name, group, pieces in _converted_in_order(_groups(jobs), pool, quantizer, lookahead_bytes(workers)):
             if current is None or current[0] != name:
                 if current is not None:
                     for i, _ in current[1]:
@@ -94,6 +103,7 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
         pool.shutdown(wait=True, cancel_futures=True)
         for sink in sinks:
             sink.close(abort=not finished)
+        quantizer.close()
         bar.close()
     for sink in sinks:
         if sink.error is not None:
@@ -113,40 +123,47 @@ def _groups(jobs: list[tuple[ConversionPlan, Path]]) -> list[tuple[str, list[tup
     return [(name, by_name[name]) for name in order]
 
 
-def _units(group: list[tuple[int, PlannedTensor]]) -> Iterator[Unit]:
-    """The work units of one tensor for every file that has it."""
+def _units(group: list[tuple[int, PlannedTensor]], quantizer: Quantizer) -> Iterator[Unit]:
+    """The work units of one tensor for every file that has it (pipeline._work_units for several files)."""
     tensors = [t for _, t in group]
-    first = tensors[0].tensor
+    tensor = tensors[0].tensor
     shared = len(group) > 1 and not any(isinstance(t.tensor, GGUFTensor) and t.tensor.stored_type == t.ggml_type
                                         for t in tensors)
     if not shared:
         # one file (or copied bytes): the single-file units, with their fast paths
         for i, t in group:
-            for unit, nbytes in pipeline._work_units(t):
+            for unit, nbytes in pipeline._work_units(t, quantizer):
                 yield (lambda unit=unit, i=i: [(i, unit())]), nbytes
         return
     indices = [i for i, _ in group]
-    if not isinstance(first, RowSlicedTensor) or len(first.shape) < 2:
-        yield (lambda: list(zip(indices, pipeline.encode_many(tensors, first.load, 0)))), sum(t.nbytes for t in tensors)
+
+    def encoded(load: Callable[[], np.ndarray], first_row: int) -> list[tuple[int, np.ndarray]]:
+        return list(zip(indices, pipeline.encode_many(tensors, load, first_row, quantizer)))
+
+    if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
+        rows = tensor.load_rows
+    elif len(tensor.shape) < 2 or tensor.n_elements <= pipeline.SLICE_ELEMENTS:
+        yield (lambda: encoded(tensor.load, 0)), sum(t.nbytes for t in tensors)
         return
-    n_rows = max(1, pipeline.row_count(first))
-    for start, stop in pipeline.row_ranges(first):
-        def unit(start=start, stop=stop):
-            return list(zip(indices, pipeline.encode_many(tensors, lambda: first.load_rows(start, stop), start)))
+    else:  # a transformed tensor: loaded whole once, its row ranges quantized at once
+        rows = pipeline._LoadedOnce(tensor, n_pieces=len(list(pipeline._row_ranges(tensor)))).rows
+    n_rows = max(1, tensor.n_elements // tensor.shape[-1] if tensor.shape[-1] else 1)
+    for start, stop in pipeline._row_ranges(tensor):
+        yield (lambda start=start, stop=stop: encoded(lambda: rows(start, stop), start)), \
+            sum(t.nbytes // n_rows for t in tensors) * (stop - start)
 
-        yield unit, sum(t.nbytes // n_rows for t in tensors) * (stop - start)
 
-
-def _converted_in_order(groups, pool: ThreadPoolExecutor) -> Iterator[tuple[str, list, list[tuple[int, np.ndarray]]]]:
-    """(name, group, pieces of one unit) in conversion order, conversion running up to
-    LOOKAHEAD_BYTES ahead. A tensor's units follow one another; the first and last carry its group."""
+def _converted_in_order(groups, pool: ThreadPoolExecutor, quantizer: Quantizer,
+                        lookahead: int) -> Iterator[tuple[str, list, list[tuple[int, np.ndarray]]]]:
+    """(name, group, pieces of one unit) in conversion order, conversion running up to `lookahead`
+    bytes ahead. A tensor's units follow one another."""
     pending: deque[tuple[str, list, int, Future]] = deque()
     ahead = 0
     for name, group in groups:
-        for unit, nbytes in _units(group):
+        for unit, nbytes in _units(group, quantizer):
             pending.append((name, group, nbytes, pool.submit(unit)))
             ahead += nbytes
-            while len(pending) > 1 and ahead > pipeline.LOOKAHEAD_BYTES:
+            while len(pending) > 1 and ahead > lookahead:
                 done, done_group, size, future = pending.popleft()
                 ahead -= size
                 yield done, done_group, future.result()
@@ -160,12 +177,12 @@ class _Sink:
 
     The producer calls start(name), put(name, piece)..., finish(name) for every tensor, then close()."""
 
-    def __init__(self, plan: ConversionPlan, path: Path, written: Callable[[int], None]) -> None:
+    def __init__(self, plan: ConversionPlan, path: Path, written: Callable[[int], None], inputs: tuple, force: bool) -> None:
         self.path = path
         alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
         # No fsync, as llama.cpp's converter: the rename already guarantees that the target is never
         # a partial file after an error, Ctrl-C or kill; the OS writes the data back on its own.
-        self.writer = GGUFWriter(path, plan.metadata, alignment=alignment, fsync=False)
+        self.writer = GGUFWriter(path, plan.metadata, alignment=alignment, fsync=False, inputs=inputs, force=force)
         for t in plan.tensors:
             self.writer.add_tensor(t.name, t.shape, t.ggml_type)
         self.order = [t.name for t in plan.tensors]

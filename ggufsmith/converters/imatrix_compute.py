@@ -22,12 +22,13 @@ input dimension whatever the checkpoint layout (rotary permutations reorder rows
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ggufsmith.converters.workers import resolve_workers
 from ggufsmith.errors import ConversionError
 
 DEFAULT_CHUNK_SIZE = 512
@@ -257,14 +258,17 @@ def compute_imatrix(
     process_output: bool = False,
     arch=None,
     progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
 ) -> ImatrixResult:
-    """Run the HF model in `model_dir` over `text` and collect llama-imatrix's statistics."""
+    """Run the HF model in `model_dir` over `text` and collect llama-imatrix's statistics, with
+    torch on `threads` threads (default: every core this process may use)."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:
         raise ConversionError(f"ggufsmith imatrix runs the model with torch and transformers ({e}); pip install torch transformers") from e
 
+    workers = resolve_workers(threads)
     model_dir = Path(model_dir)
     table, shapes = gguf_weight_table(model_dir, arch)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -275,6 +279,8 @@ def compute_imatrix(
     runtime = _runtime_names(model, table)
     accumulator = Accumulator()
     handles = _install_hooks(model, table, runtime, accumulator, process_output)
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(workers)
     try:
         with torch.inference_mode():
             for i, chunk in enumerate(chunks):
@@ -282,13 +288,15 @@ def compute_imatrix(
                 if progress:
                     progress(i + 1, len(chunks))
     finally:
+        torch.set_num_threads(torch_threads)
         for h in handles:
             h.remove()
     expected = {n for n in shapes if n.startswith("blk.") or (process_output and n == "output.weight")}
     return ImatrixResult(accumulator, len(chunks), chunk_size, len(ids), sorted(expected - set(accumulator.sums)))
 
 
-def write_computed_imatrix(result: ImatrixResult, path: str | os.PathLike, dataset: str) -> Path:
+def write_computed_imatrix(result: ImatrixResult, path: str | os.PathLike, dataset: str, *,
+                           inputs: Iterable[str | os.PathLike] = (), force: bool = False) -> Path:
     from ggufsmith.quantize.imatrix import write_imatrix
 
-    return write_imatrix(path, result.entries(), [dataset], result.chunk_count, result.chunk_size)
+    return write_imatrix(path, result.entries(), [dataset], result.chunk_count, result.chunk_size, inputs=inputs, force=force)

@@ -1,26 +1,26 @@
 """Checkpoint folder -> GGUF file: read, pick the plugin, plan, transform, quantize, stream.
 
 Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
-large ones in slices of rows, and at most LOOKAHEAD_BYTES of output are converted ahead of the
-one being written. Conversion runs in a small thread pool (numpy releases the GIL in its kernels),
-writing in the calling thread, so two cores are busy. The output appears only when complete:
-the writer renames its temporary file at the end and deletes it on any error or Ctrl-C.
+large ones in slices of rows, and at most workers.lookahead_bytes(workers) of output are converted
+ahead of the one being written. Conversion runs on one worker thread per available core (or
+`threads`), writing in the calling thread; a large tensor is cut into row ranges that the workers
+convert at once. Quantizers that hold the interpreter lock run in worker processes
+(workers.Quantizer). Every piece is the same bytes whoever converts it, so the file is identical
+for every worker count. The output appears only when complete: the writer renames its temporary
+file at the end and deletes it on any error or Ctrl-C.
 """
 
 from __future__ import annotations
 
-import sys
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import chain, groupby
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
-from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, GGMLType, Keys
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
 from ggufsmith.readers.gguf_source import GGUFTensor
@@ -29,16 +29,12 @@ from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, sp
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
-from ggufsmith.gguf_writer.writer import GGUFWriter
-from ggufsmith.quantize import quantize
+from ggufsmith.gguf_writer.output import check_target, folder_files
+from ggufsmith.converters.workers import Quantizer, resolve_workers
 
-# A slice of a large tensor holds about this many elements (16 MiB as float32).
+# A slice of a large tensor holds about this many elements (16 MiB as float32). Slices are the
+# unit of work: the workers convert the slices of one tensor at once.
 SLICE_ELEMENTS = 1 << 22
-# Output bytes converted (or being converted) ahead of the writer. While a write blocks (the
-# kernel throttles writers when the disk falls behind) the workers keep going; this bounds the
-# memory that buys. Pieces are loaded only when a worker starts on them.
-LOOKAHEAD_BYTES = 64 << 20
-WORKERS = 2
 
 
 def resolve_architecture(checkpoint: Checkpoint, arch: str | type[Architecture] | None) -> Architecture:
@@ -108,42 +104,67 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 
 # -- execution ---------------------------------------------------------------------------------
 
-def _work_units(t: PlannedTensor) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
     if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
         return
-    if not isinstance(tensor, RowSlicedTensor) or len(tensor.shape) < 2:
-        yield (lambda: _encode(t, tensor.load, 0)), t.nbytes
-        return
-    if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
-        yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
+    if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
+        if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
+            def bf16_to_f16(start: int, stop: int) -> np.ndarray:
+                bits = tensor.load_stored_rows(start, stop)
+                return _refuse_f16_overflow(t, bf16_bits_to_f16_bits(bits), lambda: bool((~bits & 0x7F80).all()))
+
+            yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_to_f16(start, stop)))
+        else:
+            yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start, quantizer))
+    elif len(tensor.shape) < 2 or tensor.n_elements <= SLICE_ELEMENTS:
+        yield (lambda: _encode(t, tensor.load, 0, quantizer)), t.nbytes
     else:
-        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start))
+        # a transformed tensor (permuted, regrouped, transposed) is loaded whole, once, by the
+        # first of its pieces to run; the workers then quantize its row ranges at once
+        whole = _LoadedOnce(tensor, n_pieces=len(list(_row_ranges(tensor))))
+        yield from _row_slices(t, lambda start, stop: _encode(t, lambda: whole.rows(start, stop), start, quantizer))
 
 
-def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
-    """(piece(start, stop), its size) for consecutive ranges of rows of about SLICE_ELEMENTS elements."""
-    row_bytes = t.nbytes // max(1, row_count(t.tensor))
-    for start, stop in row_ranges(t.tensor):
-        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
-
-
-def row_count(tensor) -> int:
-    """Rows of a tensor (a 1-D tensor is one row)."""
+def _row_ranges(tensor) -> Iterator[tuple[int, int]]:
+    """Consecutive ranges of rows of about SLICE_ELEMENTS elements."""
     row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
-    return tensor.n_elements // row_length if row_length else 0
-
-
-def row_ranges(tensor) -> Iterator[tuple[int, int]]:
-    """Consecutive [start, stop) ranges of rows of about SLICE_ELEMENTS elements (one empty range for no rows)."""
-    row_length = tensor.shape[-1] if len(tensor.shape) >= 2 else max(1, tensor.n_elements)
-    n_rows = row_count(tensor)
+    n_rows = tensor.n_elements // row_length if row_length else 0
     step = max(1, SLICE_ELEMENTS // max(1, row_length))
     for start in range(0, max(1, n_rows), step):
         yield start, min(start + step, n_rows)
+
+
+def _row_slices(t: PlannedTensor, piece: Callable[[int, int], np.ndarray]) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
+    """(piece(start, stop), its size) for each of the tensor's _row_ranges."""
+    n_rows = t.tensor.n_elements // t.tensor.shape[-1] if len(t.tensor.shape) >= 2 and t.tensor.shape[-1] else 1
+    row_bytes = t.nbytes // n_rows if n_rows else 0
+    for start, stop in _row_ranges(t.tensor):
+        yield (lambda start=start, stop=stop: piece(start, stop)), (stop - start) * row_bytes
+
+
+class _LoadedOnce:
+    """A tensor that can only be loaded whole, shared by the pieces that convert its row ranges:
+    loaded by the first piece to run, let go once every piece has taken its rows."""
+
+    def __init__(self, tensor, n_pieces: int):
+        self._tensor = tensor
+        self._pieces_left = n_pieces
+        self._rows = None
+        self._lock = threading.Lock()
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        with self._lock:
+            if self._rows is None:
+                self._rows = self._tensor.load().reshape(-1, self._tensor.shape[-1])
+            rows = self._rows[start:stop]
+            self._pieces_left -= 1
+            if self._pieces_left == 0:
+                self._rows = None
+        return rows
 
 
 def bf16_bits_to_f16_bits(bits: np.ndarray) -> np.ndarray:
@@ -173,40 +194,58 @@ def _checked(t: PlannedTensor, produce: Callable[[], np.ndarray]) -> np.ndarray:
         raise ConversionError(f"tensor {t.name} (from {t.tensor.source}): {e}") from None
 
 
-def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int) -> np.ndarray:
+def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int, quantizer: Quantizer) -> np.ndarray:
     """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type."""
-    return encode_many([t], load, first_row)[0]
+    return encode_many([t], load, first_row, quantizer)[0]
 
 
-def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], first_row: int) -> list[np.ndarray]:
-    """The GGUF bytes of rows first_row.. of one source tensor for each planned output tensor of
-    `group` (the same tensor in several files): loaded and made float once, quantized to each type,
-    each expert's rows of a 3-D tensor with that expert's importance vector."""
+def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], first_row: int,
+                quantizer: Quantizer) -> list[np.ndarray]:
+    """The GGUF bytes of rows first_row.. of one source tensor for each planned tensor of `group`
+    (the same tensor in several files, see fanout.py): loaded and made float once, then quantized
+    to each one's type, each expert's rows of a 3-D tensor with that expert's importance vector."""
 
     def produce() -> list[np.ndarray]:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
-        return [_quantized(t, data, first_row) for t in group]
+        return [_quantized(t, data, first_row, quantizer) for t in group]
 
     return _checked(group[0], produce)
 
 
-def _quantized(t: PlannedTensor, data: np.ndarray, first_row: int) -> np.ndarray:
+def _quantized(t: PlannedTensor, data: np.ndarray, first_row: int, quantizer: Quantizer) -> np.ndarray:
     if t.importance is None:
-        return quantize(data, t.ggml_type)
+        return _refuse_f16_overflow(t, quantizer(data, t.ggml_type), lambda: bool(np.isfinite(data).all()))
     rows = data.reshape(-1, t.shape[-1])
     rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
-    pieces = [quantize(rows[start:stop], t.ggml_type, importance)
+    pieces = [quantizer(rows[start:stop], t.ggml_type, importance)
               for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
-def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True) -> Path:
-    """Load, transform, quantize and write every planned tensor. Returns the written path."""
+def _refuse_f16_overflow(t: PlannedTensor, encoded: np.ndarray, source_is_finite: Callable[[], bool]) -> np.ndarray:
+    """F16 holds at most 65504: a larger finite weight would be written as infinity, and llama.cpp
+    would compute with it (NaN logits). Refuse rather than write a broken file."""
+    if t.ggml_type == GGMLType.F16 and ((encoded.view("<u2") & 0x7FFF) == 0x7C00).any() and source_is_finite():
+        raise ConversionError(
+            f"tensor {t.name} (from {t.tensor.source}) holds values beyond float16's range (65504), which "
+            "would be written as infinity; convert with --outtype bf16 or f32 instead"
+        )
+    return encoded
+
+
+def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True, inputs: Iterable[str | Path] = (),
+               force: bool = False, threads: int | None = None) -> Path:
+    """Load, transform, quantize and write every planned tensor on `threads` workers (default:
+    every core this process may use). Returns the written path. The case of one file of
+    fanout.write_plans (several files of one checkpoint, each tensor read once).
+
+    `inputs` are the files the plan reads, which `dst` must not be; `force` lets `dst` be an
+    existing device or FIFO, written into (see gguf_writer/output.py)."""
     from ggufsmith.converters.fanout import write_plans
 
-    return write_plans([(plan, Path(dst))], progress=progress)[0]
+    return write_plans([(plan, Path(dst))], progress=progress, inputs=inputs, force=force, threads=threads)[0]
 
 
 def convert(
@@ -222,19 +261,24 @@ def convert(
     imatrix: str | Path | None = None,
     quantize_request: QuantizeRequest | None = None,
     strict_tokenizer: bool = False,
+    force: bool = False,
+    threads: int | None = None,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
 
     `outtype` is one of plan.OUTTYPES, or a llama-quantize preset name (q4_k_m, ...: the file
     llama-quantize would make from the F32 conversion, made without any intermediate file);
     `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
-    (default: chosen from config.json). With `dry_run` nothing is written. `dst` appears only once
-    complete. Where llama.cpp will tokenize some text differently from the Hugging Face tokenizer,
+    (default: chosen from config.json). `threads`: workers (default: every core this process may
+    use; the file is the same for any number). With `dry_run` nothing is written. `dst` appears
+    only once complete; it may not be one of the inputs, nor a directory, device or FIFO unless
+    `force`. Where llama.cpp will tokenize some text differently from the Hugging Face tokenizer,
     one warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md).
     """
+    resolve_workers(threads)  # reject a bad count before reading anything
     dst = Path(dst)
-    if dst.is_dir():
-        raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
+    inputs = folder_files(src) + ([Path(imatrix)] if imatrix is not None else [])
+    check_target(dst, inputs, force=force)  # before any work
     if is_preset_outtype(outtype) or quantize_request is not None:
         quantize_request = quantize_request or QuantizeRequest(outtype)
         if imatrix is not None:
@@ -249,5 +293,5 @@ def convert(
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer)
         if not dry_run:
-            write_plan(plan, dst, progress=progress)
+            write_plan(plan, dst, progress=progress, inputs=inputs + checkpoint.files, force=force, threads=threads)
     return plan

@@ -11,11 +11,13 @@ import dataclasses
 from pathlib import Path
 
 from ggufsmith.constants import GGUFValueType, Keys
-from ggufsmith.readers.gguf_source import open_gguf_model
+from ggufsmith.readers.gguf_source import open_gguf_model, split_paths
 from ggufsmith.converters.pipeline import write_plan
+from ggufsmith.converters.workers import resolve_workers
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key
 from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.gguf_writer.output import check_target
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.writer import tensor_data_size
 
@@ -28,19 +30,25 @@ def quantize_gguf(
     dry_run: bool = False,
     progress: bool = False,
     keep_split: bool = False,
+    force: bool = False,
+    threads: int | None = None,
 ) -> ConversionPlan:
     """Write what llama-quantize writes for `src` with `request` (a preset name or all options) to `dst`.
 
-    Returns the plan. `dst` appears only once complete; with `dry_run` nothing is written."""
+    Returns the plan. `threads`: workers (default: every core this process may use; the file is
+    the same for any number). `dst` appears only once complete; with `dry_run` nothing is written.
+    `dst` may not be an input (a part of `src`, the importance matrix), nor a directory, device or
+    FIFO unless `force` (see gguf_writer/output.py)."""
+    resolve_workers(threads)  # reject a bad count before reading anything
     if isinstance(request, str):
         request = QuantizeRequest(request)
     src, dst = Path(src), Path(dst)
-    if dst.is_dir():
-        raise ConversionError(f"{dst} is a directory; give the path of the .gguf file to write")
-    if src.resolve() == dst.resolve() and not dry_run:
-        raise ConversionError(f"{dst}: the output would overwrite the input; choose another file name")
+    inputs = [src] + ([Path(request.imatrix.path)] if request.imatrix is not None and request.imatrix.path else [])
+    check_target(dst, inputs, force=force)  # before reading anything
     with open_gguf_model(src) as model:
         keep_split = keep_split and model.n_splits > 1  # as llama-quantize: one part in, one file out
+        if model.n_splits > 1:
+            inputs += split_paths(src, model.n_splits)
         if Keys.General.ARCHITECTURE not in model.metadata:
             raise ConversionError(f"{src}: no general.architecture key; only model files can be quantized")
         planned = [
@@ -51,10 +59,13 @@ def quantize_gguf(
         plan = apply_preset(source, request, keep_order=keep_split)
         if not dry_run:
             if keep_split:
-                for path, part in split_plans(plan, dst, model.n_splits):
-                    write_plan(part, path, progress=progress)
+                parts = split_plans(plan, dst, model.n_splits)
+                for path, _ in parts:
+                    check_target(path, inputs, force=force)  # every part before writing the first
+                for path, part in parts:
+                    write_plan(part, path, progress=progress, inputs=inputs, force=force, threads=threads)
             else:
-                write_plan(plan, dst, progress=progress)
+                write_plan(plan, dst, progress=progress, inputs=inputs, force=force, threads=threads)
     return plan
 
 

@@ -14,6 +14,9 @@ stores them in ggml order (ne[0] = row length), reversed.
 
 Any error once the file is open (wrong order, wrong byte count, an exception or KeyboardInterrupt
 while writing) deletes the temporary file, so a failed write never leaves a .gguf or a temp file.
+The target is checked first (not an input, not a directory or device unless `force`) and the
+temporary file is locked while written, so that a later run can delete it if this process is
+killed: see output.py.
 
 Nested arrays (arrays of arrays) are written as the spec allows and gguf-py reads them, but ggml's
 loader rejects them ("invalid GGUF type 9"), so llama.cpp will not load such a file; `inspect` warns.
@@ -22,7 +25,6 @@ loader rejects them ("invalid GGUF type 9"), so llama.cpp will not load such a f
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from ggufsmith.constants import (
 from ggufsmith.errors import GGUFError
 from ggufsmith.gguf_writer.encoding import Encoder, align_offset
 from ggufsmith.gguf_writer.metadata import Metadata, make_value
+from ggufsmith.gguf_writer.output import OutputFile, check_target, open_output
 
 INT64_MAX = 2**63 - 1
 
@@ -85,10 +88,15 @@ class GGUFWriter:
         alignment: int = GGUF_DEFAULT_ALIGNMENT,
         byteorder: str = "little",
         fsync: bool = True,
+        inputs: Iterable[str | os.PathLike] = (),
+        force: bool = False,
     ) -> None:
         """`fsync=False` skips forcing the data to disk before the rename: the file still appears
         only complete, but a power loss right after may leave it empty on some file systems. For
-        multi-GB files on a slow disk the fsync can take as long as producing the data."""
+        multi-GB files on a slow disk the fsync can take as long as producing the data.
+
+        `inputs`: the files the data comes from, which the target must not be. `force`: write into
+        an existing device node or FIFO at `path` instead of refusing it (see output.check_target)."""
         if byteorder not in ("little", "big"):
             raise GGUFError(f"byteorder must be 'little' or 'big', got {byteorder!r}")
         if not isinstance(alignment, int) or alignment < 8 or alignment & (alignment - 1):
@@ -98,14 +106,15 @@ class GGUFWriter:
         self.alignment = alignment
         self.byteorder = byteorder
         self.fsync = fsync
+        self.inputs = tuple(inputs)
+        self.force = force
         self._enc = Encoder("<" if byteorder == "little" else ">")
         self._tensors: list[TensorInfo] = []
         self._names: set[str] = set()
         self._data_size = 0
         self._next = 0  # index of the next tensor whose data is expected
         self._state = "declaring"
-        self._file = None
-        self._tmp_path: Path | None = None
+        self._out: OutputFile | None = None
 
     # -- declaring ---------------------------------------------------------------------------
     def add_tensor(self, name: str, shape: tuple[int, ...] | list[int], ggml_type: GGMLType | int) -> TensorInfo:
@@ -158,9 +167,9 @@ class GGUFWriter:
             if self.byteorder == "big":
                 element = GGML_ELEMENT_DTYPE[info.ggml_type]
                 raw = raw.view("<" + element).astype(">" + element).view(np.uint8)
-            self._file.write(raw.data)
+            self._out.write(raw.data)
             end = info.offset + info.nbytes
-            self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+            self._out.write(b"\0" * (align_offset(end, self.alignment) - end))
         except BaseException:
             self.abort()
             raise
@@ -178,14 +187,14 @@ class GGUFWriter:
                 raw = _as_bytes_view(piece)
                 if written + raw.nbytes > info.nbytes:
                     raise self._fail(f"tensor {name}: more than the expected {info.nbytes} bytes")
-                self._file.write(raw.data)
+                self._out.write(raw.data)
                 written += raw.nbytes
             if written != info.nbytes:
                 raise self._fail(
                     f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {written}"
                 )
             end = info.offset + info.nbytes
-            self._file.write(b"\0" * (align_offset(end, self.alignment) - end))
+            self._out.write(b"\0" * (align_offset(end, self.alignment) - end))
         except BaseException:
             self.abort()
             raise
@@ -215,12 +224,7 @@ class GGUFWriter:
                 f"{len(self._tensors) - self._next} declared tensor(s) have no data yet, starting with {missing!r}"
             )
         try:
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
-            self._file.close()
-            os.chmod(self._tmp_path, 0o666 & ~_current_umask())  # mkstemp creates 0600 files
-            os.replace(self._tmp_path, self.path)
+            self._out.commit(self.fsync)
         except BaseException:
             self.abort()
             raise
@@ -229,10 +233,8 @@ class GGUFWriter:
 
     def abort(self) -> None:
         """Give up: delete the temporary file. Safe to call in any state."""
-        if self._file is not None and not self._file.closed:
-            self._file.close()
-        if self._tmp_path is not None and self._state != "closed":
-            self._tmp_path.unlink(missing_ok=True)
+        if self._out is not None and self._state != "closed":
+            self._out.discard()
         self._state = "closed"
 
     def __enter__(self) -> GGUFWriter:
@@ -288,24 +290,13 @@ class GGUFWriter:
 
     def _write_header(self) -> None:
         header = self._header_bytes()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        self._tmp_path = Path(tmp)
+        self._out = open_output(check_target(self.path, self.inputs, force=self.force))
         self._state = "writing"
         try:
-            self._file = os.fdopen(fd, "wb")
-            self._file.write(header)
+            self._out.write(header)
         except BaseException:
-            if self._file is None:
-                os.close(fd)
             self.abort()
             raise
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _as_bytes_view(data) -> np.ndarray:

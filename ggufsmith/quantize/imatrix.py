@@ -174,12 +174,17 @@ def write_imatrix(
     datasets: Sequence[str],
     chunk_count: int,
     chunk_size: int,
+    *,
+    inputs: Iterable[str | os.PathLike] = (),
+    force: bool = False,
 ) -> Path:
     """Write an importance matrix in llama.cpp's GGUF format, as `llama-imatrix` writes it.
 
     `entries` maps a weight name to (sums, counts): sums are the accumulated squared activations,
     float32 of nmat * row_length values (one row per expert for MoE tensors, else nmat = 1), counts
     float32 of nmat values (activations accumulated per matrix). Entries are written sorted by name.
+    `inputs` and `force` are GGUFWriter's: the files `path` must not be, and whether an existing
+    device or FIFO at `path` is written into.
     """
     from ggufsmith.gguf_writer import GGUFWriter, Metadata
 
@@ -198,7 +203,7 @@ def write_imatrix(
         arrays.append((name + _SUMS_SUFFIX, sums.reshape(counts.size, -1)))
         arrays.append((name + _COUNTS_SUFFIX, counts.reshape(counts.size, 1)))
     path = Path(path)
-    with GGUFWriter(path, md) as writer:
+    with GGUFWriter(path, md, inputs=inputs, force=force) as writer:
         for tensor_name, array in arrays:
             writer.add_tensor(tensor_name, array.shape, GGMLType.F32)
         for tensor_name, array in arrays:

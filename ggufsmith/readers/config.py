@@ -63,6 +63,13 @@ class HFConfig:
         return HFConfig(self.get_dict(name) if values is None else values, self.path, self.generation,
                         section=self.key_name(name))
 
+    def with_defaults(self, defaults: Mapping[str, Any]) -> HFConfig:
+        """This config with `defaults` for the keys it leaves out: the values a transformers config
+        class fills in, for families whose published config.json omit them. A key set to null
+        stays null (transformers keeps None: "no soft-capping", not the default)."""
+        values = dict(defaults) | self.values
+        return HFConfig(values, self.path, self.generation, section=self.section)
+
     def key_name(self, name: str) -> str:
         """How messages name a key of this config: "hidden_size", "text_config.hidden_size"."""
         return f"{self.section}.{name}" if self.section else name

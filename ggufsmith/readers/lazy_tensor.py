@@ -89,6 +89,29 @@ class LazyTensor:
             source or f"{first.source} (+{len(tensors) - 1} joined)",
         )
 
+    def split(self, parts: int, axis: int = -2) -> list[LazyTensor]:
+        """`parts` equal pieces along `axis` (e.g. a fused gate_up of stacked experts, (E, 2F, D),
+        into gate (E, F, D) and up (E, F, D)). Along any axis but the last, a piece of a
+        row-sliceable tensor is row-sliceable too, so a stack of several GB still streams."""
+        axis = axis % len(self.shape)
+        if self.shape[axis] % parts:
+            raise ConversionError(f"{self.source}: {self.shape[axis]} along axis {axis} do not split into {parts} equal parts")
+        width = self.shape[axis] // parts
+        shape = (*self.shape[:axis], width, *self.shape[axis + 1:])
+        pieces = []
+        for index in range(parts):
+            lo, hi = index * width, (index + 1) * width
+            cut = (slice(None),) * axis + (slice(lo, hi),)
+            load = lambda cut=cut: np.ascontiguousarray(self.load()[cut])  # noqa: E731
+            source = f"{self.source} (part {index + 1} of {parts})"
+            if isinstance(self, RowSlicedTensor) and axis < len(self.shape) - 1:
+                rows = _RowBlocks(self, axis, lo, hi)
+                pieces.append(RowSlicedTensor(shape, self.dtype, load, source, rows.load,
+                                              rows.load_stored if self.stored_rows_loader else None))
+            else:
+                pieces.append(LazyTensor(shape, self.dtype, load, source))
+        return pieces
+
     @staticmethod
     def from_array(array: np.ndarray, dtype: str = "F32", source: str = "") -> LazyTensor:
         """Wrap data that is already in memory (made by a plugin, e.g. whisper's mel filters)."""
@@ -131,3 +154,39 @@ def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored
     if not pieces:
         return (parts[0].load_stored_rows(0, 0) if stored else parts[0].load_rows(0, 0))
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+@dataclass(frozen=True)
+class _RowBlocks:
+    """The rows of a piece [lo, hi) along `axis` of a row-sliceable tensor, in the source's rows.
+
+    With outer = the product of the axes before `axis` and inner = of those between it and the
+    last, the piece's rows for each outer index are one contiguous block of (hi - lo) * inner
+    source rows, starting at (outer_index * size + lo) * inner."""
+
+    source: RowSlicedTensor
+    axis: int
+    lo: int
+    hi: int
+
+    def load(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.load_rows)
+
+    def load_stored(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.load_stored_rows)
+
+    def _gather(self, start: int, stop: int, rows: Callable[[int, int], np.ndarray]) -> np.ndarray:
+        shape = self.source.shape
+        inner = int(np.prod(shape[self.axis + 1:-1], dtype=np.int64))
+        block = (self.hi - self.lo) * inner  # piece rows per outer index
+        pieces = []
+        position = start
+        while position < stop:
+            outer, offset = divmod(position, block)
+            take = min(stop - position, block - offset)
+            first = (outer * shape[self.axis] + self.lo) * inner + offset
+            pieces.append(rows(first, first + take))
+            position += take
+        if not pieces:
+            return rows(0, 0)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)

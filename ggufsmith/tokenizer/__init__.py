@@ -88,7 +88,9 @@ def export_tokenizer(
     fallback_ids: dict[str, int] = {}
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
-        if model_file.is_file() and is_sentencepiece_model(model_file):
+        # Without a SentencePiece-style tokenizer.json to fall back on, a damaged tokenizer.model is
+        # read anyway, so that the error says what is wrong with it.
+        if model_file.is_file() and (is_sentencepiece_model(model_file) or not is_sentencepiece_style(tokenizer_json)):
             vocab, fallback_ids = load_sentencepiece_vocabulary(
                 model_dir, files, model_file, tokenizer_json, differences
             )

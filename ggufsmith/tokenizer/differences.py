@@ -16,6 +16,8 @@ from pathlib import Path
 
 from ggufsmith.errors import TokenizerError
 
+from .hf_files import TOKENIZER_CONFIG, TokenizerFiles, get_typed
+
 log = logging.getLogger("ggufsmith.tokenizer")
 
 
@@ -91,3 +93,29 @@ def note_space_stripping(added_tokens: list, differences: TokenizationDifference
         shown = ", ".join(repr(text) for text in stripping[:3]) + (", ..." if len(stripping) > 3 else "")
         differences.add(f"the removal of spaces beside added tokens ({shown}: lstrip/rstrip)",
                         "text with spaces next to those tokens")
+
+
+# transformers' classes that build their own Metaspace from tokenizer_config.json's `legacy`,
+# whatever tokenizer.json says (legacy unset is false).
+_LEGACY_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast"}
+
+
+def note_spacing_after_special_tokens(files: TokenizerFiles, differences: TokenizationDifferences,
+                                      tokenizer_json: Path | None = None, json_scheme: str | None = None) -> None:
+    """llama.cpp's SentencePiece tokenizer puts a space before text that follows a special token
+    (transformers' legacy=true, Metaspace prepend_scheme 'always'). transformers' LlamaTokenizer
+    with legacy false or unset, or a tokenizer.json Metaspace with prepend_scheme 'first', does not.
+    `tokenizer_json`/`json_scheme`: the file and its Metaspace scheme, for a tokenizer.json only."""
+    config_path = files.model_dir / TOKENIZER_CONFIG
+    tokenizer_class = get_typed(files.tokenizer_config, "tokenizer_class", str, config_path)
+    if tokenizer_class in _LEGACY_CLASSES or (tokenizer_class is None and tokenizer_json is None):
+        legacy = get_typed(files.tokenizer_config, "legacy", bool, config_path)
+        if legacy is not True:
+            cause = f"{TOKENIZER_CONFIG}'s legacy={'false' if legacy is False else 'unset (false)'}"
+        else:
+            return
+    elif json_scheme == "first":
+        cause = f"{tokenizer_json.name}'s Metaspace prepend_scheme 'first'"
+    else:
+        return
+    differences.add(cause, "text that follows a special token, where llama.cpp adds a space (as legacy=true does)")

@@ -23,9 +23,9 @@ GENERATION_CONFIG = "generation_config.json"
 CHAT_TEMPLATE_JINJA = "chat_template.jinja"
 CHAT_TEMPLATE_JSON = "chat_template.json"
 
-# No real vocabulary comes near this many tokens (the largest have ~262k); a larger id in a
-# tokenizer file is damage, and would otherwise make the exporter pad a list to that length.
-MAX_TOKEN_ID = (1 << 24) - 1
+# No real vocabulary comes near this many tokens (the largest have ~262k, 8 times fewer): a larger
+# id in a tokenizer file is damage, and would make the exporter pad its token list to that length.
+MAX_TOKEN_ID = (1 << 21) - 1
 
 
 def read_json(path: Path) -> Any:
@@ -76,7 +76,7 @@ def get_typed(data: dict[str, Any], key: str, expected: type | tuple[type, ...],
 
 def token_id(value: Any, where: Path | str, key: str) -> int:
     """A token id: an integer (or its decimal string, as in added_tokens_decoder's keys) in range."""
-    if isinstance(value, str) and value.isdecimal() and len(value) < 10:
+    if isinstance(value, str) and value.isascii() and value.isdecimal() and len(value) < 10:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKEN_ID:
         raise TokenizerError(f"{where}: {key} is {value!r:.40}, not a token id (0 to {MAX_TOKEN_ID})")
@@ -123,8 +123,9 @@ def added_tokens_file(path: Path) -> list[AddedToken]:
     if not path.is_file():
         return []
     data = read_json_object(path)
-    return [AddedToken(token_id(value, path, repr(content)[:40]), content, None) for content, value in data.items()
-            if content]
+    if "" in data:
+        raise TokenizerError(f"{path}: an added token has empty text (id {data['']!r:.20})")
+    return [AddedToken(token_id(value, path, repr(content)[:40]), content, None) for content, value in data.items()]
 
 
 @dataclass

@@ -246,7 +246,7 @@ def _split_regex(step: dict[str, Any], source: Path) -> str:
 
 
 def _describe(step: dict[str, Any]) -> str:
-    fields = ", ".join(f"{k}={v!r}" for k, v in step.items() if k != "type")
+    fields = ", ".join(f"{k}={v!r:.60}" for k, v in step.items() if k != "type")
     return f"{step.get('type')}({fields})"
 
 

@@ -17,6 +17,8 @@ from ggufsmith.constants import GGUFValueType, Keys, TokenType
 from ggufsmith.errors import TokenizerError
 from ggufsmith.gguf_writer.metadata import Metadata
 
+from .hf_files import MAX_TOKEN_ID
+
 RWKV_WORLD_VOCAB = "rwkv_vocab_v20230424.txt"
 RWKV_BOUNDARY_TOKEN = "<s>"  # id 0
 
@@ -43,23 +45,29 @@ def escape_token(token: bytes) -> str:
 def read_rwkv_world_vocab(path: Path) -> list[bytes]:
     """Tokens by id, id 0 being the boundary token. Literals are parsed, never executed."""
     by_id: dict[int, bytes] = {}
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line:
-                continue
-            try:
-                first, last = line.index(" "), line.rindex(" ")
-                token_id, length = int(line[:first]), int(line[last + 1 :])
-                literal = ast.literal_eval(line[first + 1 : last])
-            except (ValueError, SyntaxError):
-                raise TokenizerError(f"{path}:{line_no}: not '<id> <literal> <length>'") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path}: cannot read the world vocabulary ({e})") from None
+    for line_no, line in enumerate(text.split("\n"), 1):
+        if not line:
+            continue
+        try:
+            first, last = line.index(" "), line.rindex(" ")
+            token_id, length = int(line[:first]), int(line[last + 1 :])
+            literal = ast.literal_eval(line[first + 1 : last])
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            # literal_eval's failures on hostile text include unhashable keys and deep nesting
+            raise TokenizerError(f"{path}:{line_no}: not '<id> <literal> <length>'") from None
+        try:
             token = literal.encode("utf-8") if isinstance(literal, str) else literal
-            if not isinstance(token, bytes) or len(token) != length:
-                raise TokenizerError(f"{path}:{line_no}: token is not {length} bytes long")
-            if token_id <= 0 or token_id in by_id:
-                raise TokenizerError(f"{path}:{line_no}: id {token_id} is reserved or repeated")
-            by_id[token_id] = token
+        except UnicodeEncodeError:  # a lone surrogate ("\ud800") has no UTF-8 bytes
+            raise TokenizerError(f"{path}:{line_no}: token is not valid Unicode text") from None
+        if not isinstance(token, bytes) or len(token) != length:
+            raise TokenizerError(f"{path}:{line_no}: token is not {length} bytes long")
+        if not 0 < token_id <= MAX_TOKEN_ID or token_id in by_id:
+            raise TokenizerError(f"{path}:{line_no}: id {token_id} is reserved, repeated or out of range")
+        by_id[token_id] = token
     n_tokens = max(by_id, default=0) + 1
     missing = [i for i in range(1, n_tokens) if i not in by_id]
     if missing:

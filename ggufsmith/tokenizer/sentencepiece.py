@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .differences import SENTENCEPIECE_NORMALIZATION_TEXT, TokenizationDifferences, note_space_stripping
+from .differences import (
+    SENTENCEPIECE_NORMALIZATION_TEXT,
+    TokenizationDifferences,
+    note_space_stripping,
+    note_spacing_after_special_tokens,
+)
 from .hf_files import (
     ADDED_TOKENS,
     TOKENIZER_CONFIG,
@@ -18,6 +24,7 @@ from .hf_files import (
     TokenizerFiles,
     added_tokens_file,
     config_added_tokens,
+    get_typed,
     tokenizer_json_added_tokens,
 )
 from .sentencepiece_model import ModelProto, parse_model_proto
@@ -30,14 +37,19 @@ _SP_UNIGRAM, _SP_BPE = 1, 2
 # ModelProto.SentencePiece.Type uses the same numbers as GGUF's token types.
 _SP_PIECE_TYPES = {int(t): t for t in TokenType}
 _WHITESPACE_MARK = "\u2581"  # SentencePiece's visible space
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 def load_model_proto(path: Path) -> ModelProto:
     """Parse tokenizer.model (a SentencePiece ModelProto; read without the sentencepiece package)."""
     try:
-        proto = parse_model_proto(path.read_bytes())
+        data = path.read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        proto = parse_model_proto(data)
     except ValueError as e:
-        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from e
+        raise TokenizerError(f"{path}: not a SentencePiece model ({e})") from None
     if not proto.pieces:
         raise TokenizerError(f"{path}: not a SentencePiece model (no pieces)")
     return proto
@@ -122,13 +134,17 @@ def load_sentencepiece_vocabulary(
             # sentencepiece matches user-defined symbols in text whose spaces are "▁"; llama.cpp
             # matches them in the raw text, so "▁myword" must read " myword" there.
             text = text.replace(_WHITESPACE_MARK, " ")
+        elif token_type == TokenType.BYTE and not _BYTE_PIECE.fullmatch(text):
+            # llama.cpp reads a byte token's value from its text and fails on any other spelling.
+            raise TokenizerError(f"{model_path}: byte piece {token_id} is {text!r:.40}, not <0xXX>")
         vocab.set_token(token_id, text, token_type, piece.score)
     added = added_token_entries(model_dir, files, tokenizer_json)
     note_space_stripping(added, differences)
     _apply_added_tokens(vocab, added, model_path)
 
-    add_prefix = files.tokenizer_config.get("add_prefix_space")
-    vocab.add_space_prefix = add_prefix if isinstance(add_prefix, bool) else proto.normalizer_spec.add_dummy_prefix
+    note_spacing_after_special_tokens(files, differences)
+    add_prefix = get_typed(files.tokenizer_config, "add_prefix_space", bool, model_dir / TOKENIZER_CONFIG)
+    vocab.add_space_prefix = proto.normalizer_spec.add_dummy_prefix if add_prefix is None else add_prefix
     vocab.remove_extra_whitespaces = proto.normalizer_spec.remove_extra_whitespaces
 
     # transformers' LlamaTokenizer defaults to the model's <unk>, <s> and </s>, and to no pad token.

@@ -17,7 +17,12 @@ from typing import Any
 from ggufsmith.constants import TokenType
 from ggufsmith.errors import TokenizerError
 
-from .differences import TokenizationDifferences, hf_normalizer_text, note_space_stripping
+from .differences import (
+    TokenizationDifferences,
+    hf_normalizer_text,
+    note_space_stripping,
+    note_spacing_after_special_tokens,
+)
 from .hf_files import TokenizerFiles, tokenizer_json_added_tokens
 from .tokenizer_json import component_steps
 from .vocab import ADDED_TOKEN_SCORE, PAD_SCORE, Vocabulary, added_token_type
@@ -42,7 +47,9 @@ def _is_space_replace(step: dict[str, Any]) -> bool:
             and step.get("content") == _WHITESPACE_MARK)
 
 
-def space_prefix(tokenizer_json: dict[str, Any], path: Path, differences: TokenizationDifferences) -> bool:
+def space_prefix(
+    tokenizer_json: dict[str, Any], path: Path, files: TokenizerFiles, differences: TokenizationDifferences
+) -> bool:
     """Whether a "▁" is put before the text, from Metaspace or the older Prepend normalizer."""
     pre = tokenizer_json.get("pre_tokenizer")
     norm_steps = component_steps(tokenizer_json.get("normalizer"), "normalizers", path, "normalizer")
@@ -59,6 +66,7 @@ def space_prefix(tokenizer_json: dict[str, Any], path: Path, differences: Tokeni
             )
         for step in norm_steps:
             differences.add(f"{path.name}'s normalizer {step['type']}", hf_normalizer_text(step))
+        note_spacing_after_special_tokens(files, differences, path, pre.get("prepend_scheme", "always"))
         return pre.get("prepend_scheme", "always") != "never"
     prepend = replaces_spaces = False
     for step in norm_steps:
@@ -90,7 +98,7 @@ def load_sentencepiece_json_vocabulary(
         differences.add(f"{path.name}'s BPE ignore_merges",
                         "words that are whole tokens of the vocabulary but that the merges split otherwise")
     vocab = Vocabulary(model="llama", pre="default", source=path, scores=[])
-    vocab.add_space_prefix = space_prefix(tokenizer_json, path, differences)
+    vocab.add_space_prefix = space_prefix(tokenizer_json, path, files, differences)
     vocab.remove_extra_whitespaces = False
 
     first_rank: dict[str, int] = {}

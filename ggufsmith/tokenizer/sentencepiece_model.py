@@ -19,8 +19,13 @@ _PIECE_PIECE, _PIECE_SCORE, _PIECE_TYPE = 1, 2, 3
 _TRAINER_INTS = {3: "model_type", 24: "treat_whitespace_as_suffix", 40: "unk_id", 41: "bos_id", 42: "eos_id", 43: "pad_id"}
 _NORMALIZER_BOOLS = {3: "add_dummy_prefix", 4: "remove_extra_whitespaces", 5: "escape_whitespaces"}
 _NORMALIZER_NAME, _NORMALIZER_CHARSMAP = 1, 2
+# The values of the schema's enums (SentencePiece.Type, TrainerSpec.ModelType). As protobuf does, an
+# enum field with any other value keeps the value it had (proto2 sets unknown enum values aside).
+_PIECE_TYPES = range(1, 7)  # NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE
+_MODEL_TYPES = range(1, 5)  # UNIGRAM, BPE, WORD, CHAR
 
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
+_MAX_FIELD_NUMBER = (1 << 29) - 1  # protobuf's limit; a larger one makes the file corrupt
 
 
 @dataclass
@@ -76,8 +81,8 @@ def _piece(data: bytes) -> SentencePiece:
             piece.piece = _text(value)
         elif number == _PIECE_SCORE and wire == _FIXED32:
             piece.score = struct.unpack("<f", value)[0]
-        elif number == _PIECE_TYPE and wire == _VARINT:
-            piece.type = value
+        elif number == _PIECE_TYPE and wire == _VARINT and _int32(value) in _PIECE_TYPES:
+            piece.type = _int32(value)
     return piece
 
 
@@ -85,7 +90,10 @@ def _merge_trainer_spec(spec: TrainerSpec, data: bytes) -> None:
     for number, wire, value in _fields(data):
         if number in _TRAINER_INTS and wire == _VARINT:
             name = _TRAINER_INTS[number]
-            setattr(spec, name, bool(value) if name == "treat_whitespace_as_suffix" else _int32(value))
+            if name == "treat_whitespace_as_suffix":
+                spec.treat_whitespace_as_suffix = bool(value)
+            elif name != "model_type" or _int32(value) in _MODEL_TYPES:
+                setattr(spec, name, _int32(value))
 
 
 def _merge_normalizer_spec(spec: NormalizerSpec, data: bytes) -> None:
@@ -104,8 +112,8 @@ def _fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     while pos < end:
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
-        if number == 0:
-            raise ValueError("field number 0")
+        if not 0 < number <= _MAX_FIELD_NUMBER:
+            raise ValueError(f"field number {number} out of range")
         if wire == _VARINT:
             value, pos = _varint(data, pos)
         elif wire in (_FIXED64, _FIXED32):

@@ -137,7 +137,7 @@ def post_processor_adds(
         elif kind in ("RobertaProcessing", "BertProcessing"):
             adds = {"bos": True, "eos": True}
         elif kind == "TemplateProcessing":
-            single = [piece.get("SpecialToken", {}).get("id") for piece in processor.get("single", [])]
+            single = [(piece.get("SpecialToken") or {}).get("id") for piece in processor.get("single") or []]
             adds = {"bos": bool(single) and single[0] is not None and single[0] == bos,
                     "eos": bool(single) and single[-1] is not None and single[-1] == eos}
             if single and single[0] is not None and single[0] != bos:

@@ -69,10 +69,12 @@ class Vocabulary:
         counts = Counter(self.tokens)
         duplicates = [t for t, n in counts.items() if n > 1]
         if duplicates:
-            shown = ", ".join(repr(t) for t in duplicates[:5])
+            # The ids tell the user which file repeats the text (an added token over a piece, ...).
+            ids = {t: [i for i, text in enumerate(self.tokens) if text == t][:3] for t in duplicates[:3]}
+            shown = ", ".join(f"{t!r} at ids {', '.join(map(str, where))}" for t, where in ids.items())
             raise TokenizerError(
-                f"{self.source}: {len(duplicates)} token text(s) occur at more than one id ({shown}); "
-                "llama.cpp requires every token text to be unique"
+                f"{self.source}: {len(duplicates)} token text(s) occur at more than one id ({shown}), with the "
+                "added tokens of the tokenizer files; llama.cpp requires every token text to be unique"
             )
 
     def id_of(self) -> dict[str, int]:

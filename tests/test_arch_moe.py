@@ -1,0 +1,108 @@
+"""Mixture-of-experts decoders (issue 15) converted by ggufsmith: llama.cpp gives transformers'
+logits, in both checkpoint layouts (one tensor per expert, and transformers 5's fused stacks), and
+llama.cpp's own converter writes the same file from the per-expert layout.
+
+Tolerances as in tests/test_arch_dense.py (units of the logits' standard deviation), with one
+difference for f16 and q8_0: rounding the weights moves the router's scores slightly, and where two
+experts are nearly tied for a token llama.cpp may pick the other one (transformers would too, given
+the rounded weights), which changes that token's logits by up to half a standard deviation
+(measured 0.47 at f16), and through attention the later tokens' too. So f16 and q8_0 bound the
+error of 90% of the positions, at 0.25 and 0.6 (measured 0.008-0.10 and 0.14-0.28); f32, where the
+routing is the same, bounds every position at 1e-3 (measured 2.6e-6-9.9e-6). The layout is the same
+code at every outtype; a wrong expert order or a swapped gate/up changes every position by whole
+standard deviations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggufsmith
+from tests.decoder_reference import reference_convert
+from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.llamacpp_reference import assert_same_file
+from tests.tokenizer_helpers import train_bpe
+
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
+VOCAB = 600
+COMMON = dict(hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+              tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+MODELS = {
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "qwen2moe",
+                 dict(COMMON, shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3moe", dict(COMMON, norm_topk_prob=True, head_dim=24)),
+}
+LAYOUTS = ("per-expert", "fused")
+KEY_DIFFERENCES = {
+    key: "written explicitly; llama.cpp finds the same id by its text at load time"
+    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    out = {}
+    for kind, (config_class, model_class, _, fields) in MODELS.items():
+        for layout in LAYOUTS:
+            model_dir = root / f"{kind}-{layout}"
+            train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
+            build_model(config_class, model_class, model_dir, fused_experts=layout == "fused", **fields)
+            ids = prompt_ids(model_dir)
+            out[kind, layout] = model_dir, ids, hf_logits(model_dir, model_class, ids)
+    return out
+
+
+@pytest.fixture(scope="module")
+def converted(models, tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe-gguf")
+    cache = {}
+
+    def get(kind: str, layout: str, outtype: str):
+        key = kind, layout, outtype
+        if key not in cache:
+            cache[key] = root / f"{kind}-{layout}-{outtype}.gguf"
+            ggufsmith.convert(models[kind, layout][0], cache[key], outtype=outtype)
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("outtype", list(TOLERANCE))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_logits_match_transformers(models, converted, kind, layout, outtype):
+    _, ids, expected = models[kind, layout]
+    got = llamacpp_logits(converted(kind, layout, outtype), ids)
+    if outtype == "f32":
+        error = relative_error(got, expected)
+    else:  # per position, the 90th percentile: see the module docstring
+        error = float(np.quantile([relative_error(g[None], e[None]) * e.std() / expected.std() for g, e in zip(got, expected)], 0.9))
+    print(f"{kind} {layout} {outtype}: max error {error:.2e} std")
+    assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: max error {error:.2e} of the logits' std"
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_both_layouts_give_the_same_file(models, converted, kind):
+    """The fused stacks hold the same experts as the per-expert tensors: same weights, same file."""
+    from tests.llamacpp_reference import gguf_contents
+
+    per_expert = gguf_contents(converted(kind, "per-expert", "f32"))[1]
+    fused = gguf_contents(converted(kind, "fused", "f32"))[1]
+    assert sorted(per_expert) == sorted(fused)
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16"])
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
+    model_dir = models[kind, "per-expert"][0]
+    theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2")
+    assert_same_file(converted(kind, "per-expert", outtype), theirs, KEY_DIFFERENCES)
