@@ -237,6 +237,7 @@ def test_sigkill_then_rerun_finishes_everything_and_redoes_only_the_unfinished(m
             assert r.status == "done"
     assert sum(r.status == "done" for r in rerun.results) == 12 - len(records)
     assert [p for p in out.glob("*.gguf") if p.name not in {Path(r.file).name for r in rerun.results}] == []
+    assert leftovers(out) == []  # the killed run's temporary files are gone
 
 
 def _reached(out: Path, moment: str) -> bool:

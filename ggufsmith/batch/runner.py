@@ -7,8 +7,10 @@ print, so that the other sources go on.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
+from contextlib import contextmanager
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -85,7 +87,7 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
     """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
     workers (default: every core); one result per outtype."""
     from ggufsmith.converters.fanout import write_plans
-    from ggufsmith.gguf_writer.output import folder_files
+    from ggufsmith.gguf_writer.output import folder_files, remove_dead_temp_files
     from ggufsmith.readers.checkpoint import open_checkpoint
 
     started = time.monotonic()
@@ -93,12 +95,16 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
     try:
         model_dir = resolve_source(spec)
         with open_checkpoint(model_dir) as checkpoint:
-            plans = {outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes}
+            plans = {spec.outtypes[0]: _make_plan(checkpoint, spec, spec.outtypes[0])}
+            with _warnings_said_once():  # the other types' plans read the same tokenizer and config again
+                plans.update({outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes[1:]})
             for outtype, plan in plans.items():
                 name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
                 files[outtype] = spec.output_dir / name
             _check_distinct(spec, files)
             state = BatchState(spec.output_dir)
+            if spec.output_dir.is_dir():
+                remove_dead_temp_files(spec.output_dir)  # a killed run's (a live writer's are locked, kept)
             todo = [o for o in spec.outtypes if force or not state.is_done(files[o].name, spec.fingerprint(o))]
             for outtype in todo:
                 state.forget(files[outtype].name)
@@ -124,6 +130,17 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
         seconds = time.monotonic() - started
         return [OutputResult(spec.label, o, str(files[o]) if o in files else None, "failed", seconds=seconds,
                              error=one_line(e)) for o in spec.outtypes]
+
+
+@contextmanager
+def _warnings_said_once():
+    logger = logging.getLogger("ggufsmith")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _make_plan(checkpoint, spec: SourceSpec, outtype: str):

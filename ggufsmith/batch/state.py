@@ -53,6 +53,8 @@ class BatchState:
 
     def record(self, file_name: str, entry: dict[str, Any]) -> None:
         with self._locked():
+            for stale in self.output_dir.glob(f"{STATE_FILE}.*.tmp"):  # a killed writer's (only lock holders write them)
+                stale.unlink(missing_ok=True)
             records = self.records()
             records[file_name] = entry
             self._replace({"outputs": records})
