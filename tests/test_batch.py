@@ -71,6 +71,7 @@ def reference(root: Path, model: str, outtype: str, **options) -> bytes:
     key = (str(root), model, outtype, json.dumps(options, sort_keys=True, default=str))
     if key not in _references:
         out = root / "reference" / f"{model}-{outtype}-{len(_references)}.gguf"
+        out.parent.mkdir(exist_ok=True)
         ggufsmith.convert(root / "models" / model, out, outtype, **options)
         _references[key] = out.read_bytes()
     return _references[key]
@@ -152,6 +153,7 @@ outputs = { q3_k_s = "small.gguf" }
         request = None if r.outtype == "f16" else QuantizeRequest(r.outtype, pure=True,
                                                                    tensor_types=[tensor_type_arg("attn_v=q8_0")])
         expected = models / "reference" / f"toml-{r.outtype}.gguf"
+        expected.parent.mkdir(exist_ok=True)
         ggufsmith.convert(models / "models" / "llama-b", expected, r.outtype, quantize_request=request)
         assert Path(r.file).read_bytes() == expected.read_bytes(), r.outtype
 

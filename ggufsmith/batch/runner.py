@@ -102,9 +102,9 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
                 name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
                 files[outtype] = spec.output_dir / name
             _check_distinct(spec, files)
+            spec.output_dir.mkdir(parents=True, exist_ok=True)  # the plan's folders are made for it
+            remove_dead_temp_files(spec.output_dir)  # a killed run's (a live writer's are locked, kept)
             state = BatchState(spec.output_dir)
-            if spec.output_dir.is_dir():
-                remove_dead_temp_files(spec.output_dir)  # a killed run's (a live writer's are locked, kept)
             todo = [o for o in spec.outtypes if force or not state.is_done(files[o].name, spec.fingerprint(o))]
             for outtype in todo:
                 state.forget(files[outtype].name)
