@@ -3,8 +3,8 @@
 Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
 large ones in slices of rows, and at most workers.lookahead_bytes(workers) of output are converted
 ahead of the one being written. Conversion runs on one worker thread per available core (or
-`threads`), writing in the calling thread; a large tensor is cut into row ranges that the workers
-convert at once. Quantizers that hold the interpreter lock run in worker processes
+`threads`), the writer in a thread of its own (fanout.py, which also writes several types of one
+checkpoint in one pass); a large tensor is cut into row ranges that the workers convert at once. Quantizers that hold the interpreter lock run in worker processes
 (workers.Quantizer). Every piece is the same bytes whoever converts it, so the file is identical
 for every worker count. The output appears only when complete: the writer renames its temporary
 file at the end and deletes it on any error or Ctrl-C.
