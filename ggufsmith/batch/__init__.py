@@ -10,6 +10,7 @@ See docs/batch.md for the plan format, resume rules and the Ray backend.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,17 +37,20 @@ def batch(plan: str | Path | BatchPlan, *, force: bool = False, jobs: int | None
     budget = parse_size(max_memory, "--max-memory") if max_memory is not None else plan.max_memory
     started = time.monotonic()
     report = BatchReport(str(plan.path))
-    bar = tqdm(total=plan.n_outputs, unit="file", file=sys.stderr, disable=not progress, desc="batch", dynamic_ncols=True)
+    bar = tqdm(total=plan.n_outputs, unit="file", file=sys.stderr, disable=not progress, desc="batch", dynamic_ncols=True,
+               bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} files [{elapsed}<{remaining}{postfix}]")
+    partial = _LiveShare(bar)
     try:
         if ray:
             from ggufsmith.batch.ray_backend import run_ray
 
             finished = run_ray(plan.sources, force=force, address=ray if isinstance(ray, str) else None)
         else:
-            finished = run_local(plan.sources, force=force, workers=worker_count(plan.sources, jobs or plan.jobs, budget))
+            workers = worker_count(plan.sources, jobs or plan.jobs, budget)
+            finished = run_local(plan.sources, force=force, workers=workers, on_progress=partial.add)
         for results in finished:
             report.results.extend(results)
-            bar.update(len(results))
+            partial.settle(len(results))
             bar.set_postfix_str(f"{results[0].source}: {_statuses(results)}", refresh=True)
     finally:
         bar.close()
@@ -58,3 +62,24 @@ def batch(plan: str | Path | BatchPlan, *, force: bool = False, jobs: int | None
 
 def _statuses(results: list[OutputResult]) -> str:
     return ", ".join(f"{r.outtype} {r.status}" for r in results)
+
+
+class _LiveShare:
+    """The bar's updates for the source running in this process: fractions of files as bytes are
+    written (from its writer threads), then settled when the source's results come."""
+
+    def __init__(self, bar) -> None:
+        self._bar = bar
+        self._shown = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, n: float) -> None:
+        with self._lock:
+            self._shown += n
+            self._bar.update(n)
+
+    def settle(self, n_files: int) -> None:
+        """A source finished with `n_files` results: the bar gets the rest of them; the next starts at zero."""
+        with self._lock:
+            self._bar.update(n_files - self._shown)
+            self._shown = 0.0

@@ -42,12 +42,13 @@ def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | No
 
 
 def run_local(specs: list[SourceSpec], *, force: bool, workers: int,
-              on_bytes: Callable[[int], None] | None = None) -> Iterator[list[OutputResult]]:
-    """Each source's results as it finishes (in this process when `workers` is 1)."""
+              on_progress: Callable[[float], None] | None = None) -> Iterator[list[OutputResult]]:
+    """Each source's results as it finishes (in this process when `workers` is 1, reporting its
+    progress through `on_progress` as run_source does)."""
     threads = threads_per_worker(workers)
     if workers == 1:
         for spec in specs:
-            yield run_source(spec, force=force, on_bytes=on_bytes, threads=threads)
+            yield run_source(spec, force=force, on_progress=on_progress, threads=threads)
         return
     # spawn, not fork: the parent has threads (the progress bar's), which fork would copy half-alive
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:

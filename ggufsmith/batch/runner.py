@@ -82,10 +82,11 @@ def resolve_source(spec: SourceSpec) -> Path:
         raise BatchError(f"{spec.repo}: {one_line(e)}") from None
 
 
-def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int], None] | None = None,
+def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[float], None] | None = None,
                threads: int | None = None) -> list[OutputResult]:
     """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
-    workers (default: every core); one result per outtype."""
+    workers (default: every core); one result per outtype. `on_progress(n)`: n more outputs' worth
+    of bytes written (fractions of files, for a live bar)."""
     from ggufsmith.converters.fanout import write_plans
     from ggufsmith.gguf_writer.output import folder_files, remove_dead_temp_files
     from ggufsmith.readers.checkpoint import open_checkpoint
@@ -110,6 +111,8 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_bytes: Callable[[int
                 state.forget(files[outtype].name)
             if todo:
                 inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
+                total = max(1, sum(plans[o].total_bytes for o in todo))
+                on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
                 write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes, inputs=inputs,
                             threads=threads)
         seconds = time.monotonic() - started
