@@ -73,6 +73,15 @@ def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix:
     return table
 
 
+def fused_gate_up_mlp(prefix: str = "mlp.") -> dict[str, T]:
+    """A gated feed-forward whose gate and up projections are one matrix, gate rows first (Phi-3,
+    GLM-4): llama.cpp loads it as ffn_up of 2 * n_ff rows and splits it itself."""
+    return {
+        f"{prefix}gate_up_proj.weight": T("ffn_up.weight", "2 * n_ff", "n_embd"),
+        f"{prefix}down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff"),
+    }
+
+
 def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = None,
             per_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, T | Split]:
     """The router and routed experts of one block, in both checkpoint layouts: one tensor per
@@ -140,6 +149,8 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    yarn_handled: tuple[str, ...] = ()  # yarn parameters the plugin writes itself (Rope.write_scaling_keys)
+    yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
     # Old checkpoints store the rotary frequencies; they follow from the config.
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
@@ -177,7 +188,7 @@ class Decoder(Architecture):
         if "head_dim" in c:
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
-        self.rope.write_scaling_keys(keys)
+        self.rope.write_scaling_keys(keys, self.yarn_handled, yarn_log_multiplier=self.yarn_log_multiplier)
 
     def family_keys(self, keys: ArchKeys) -> None:
         """The keys that are this family's own. Default: none."""
@@ -197,4 +208,4 @@ class Decoder(Architecture):
         return types
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
-        return self.rope.rope_freqs(self.head_dim)
+        return self.rope.rope_freqs(int(self.rope.partial_rotary_factor() * self.head_dim))
