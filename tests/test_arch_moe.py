@@ -32,13 +32,25 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
 VOCAB = 600
-COMMON = dict(hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-              tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+ATTENTION = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=512, tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0,
+                 eos_token_id=0, pad_token_id=0)
+COMMON = dict(ATTENTION, intermediate_size=160, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+# Families whose experts are intermediate_size wide, counted by num_local_experts.
+LOCAL = dict(ATTENTION, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+GRANITE = dict(LOCAL, attention_multiplier=0.2, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=3.0)
+# kind -> (config class, model class, llama.cpp architecture, config fields)
 MODELS = {
     "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "qwen2moe",
                  dict(COMMON, shared_expert_intermediate_size=48, norm_topk_prob=False)),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3moe", dict(COMMON, norm_topk_prob=True, head_dim=24)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "llama", dict(LOCAL, rope_theta=1e6)),
+    # llama.cpp's olmoe has no grouped-query attention (its key norm is as wide as the queries')
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", "olmoe",
+              dict(ATTENTION, num_key_value_heads=4, intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", "granitemoe", GRANITE),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "granitemoe",
+                         dict(GRANITE, shared_intermediate_size=48)),
 }
 LAYOUTS = ("per-expert", "fused")
 KEY_DIFFERENCES = {
