@@ -220,6 +220,14 @@ class TokenType(IntEnum):
     BYTE = 6
 
 
+class ExpertGatingFunc(IntEnum):
+    """{arch}.expert_gating_func: how the router's logits become expert scores (llama.cpp's
+    llama_expert_gating_func_type)."""
+
+    SOFTMAX = 1
+    SIGMOID = 2
+
+
 class Keys:
     """Standard metadata keys. Templates take the architecture: `Keys.LLM.CONTEXT_LENGTH.format(arch="llama")`,
     or use `arch_key(Keys.LLM.CONTEXT_LENGTH, "llama")`."""

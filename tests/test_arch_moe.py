@@ -55,11 +55,17 @@ MODELS = {
     "hunyuan-moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", "hunyuan-moe",
                     dict(ATTENTION, intermediate_size=32, num_experts=4, moe_topk=[2] * 3, head_dim=16,
                          moe_intermediate_size=[32] * 3, num_shared_expert=[1] * 3)),
+    # one dense leading block, two shared experts, renormalized and scaled sigmoid routing, the
+    # experts chosen in the better of two groups (no GQA in llama.cpp's dots1)
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", "dots1",
+              dict(COMMON, num_key_value_heads=4, head_dim=24, n_routed_experts=4, n_shared_experts=2,
+                   first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_group=2, topk_group=1)),
 }
 LAYOUTS = ("per-expert", "fused")
 KEY_DIFFERENCES = {
-    key: "written explicitly; llama.cpp finds the same id by its text at load time"
-    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
+    **{key: "written explicitly; llama.cpp finds the same id by its text at load time"
+       for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))},
+    "dots1.expert_gating_func": "theirs leaves it out, and llama.cpp aborts on such a file's first MoE layer",
 }
 
 

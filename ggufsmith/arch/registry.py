@@ -16,7 +16,7 @@ ENTRY_POINT_GROUP = "ggufsmith.architectures"
 BUILTIN_MODULES: tuple[str, ...] = (
     "llama", "qwen", "starcoder2", "olmo", "granite", "smollm3", "stablelm", "seed_oss", "ernie", "command_r",
     "gemma", "gemma4",
-    "qwen_moe", "hunyuan",
+    "qwen_moe", "hunyuan", "dots1",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
     "mamba", "rwkv", "whisper",
 )
