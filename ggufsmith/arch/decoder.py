@@ -103,6 +103,10 @@ def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None
     }
 
 
+# Models whose first blocks are dense (n_layer_dense_lead: a plugin's dims()) and the rest sparse.
+DENSE = "bid < n_layer_dense_lead"
+SPARSE = "bid >= n_layer_dense_lead"
+
 # The router is tiny and decides which experts run: llama.cpp keeps it F32 whatever the outtype.
 ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)
 

@@ -17,13 +17,10 @@ from typing import Any
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import ROUTER, Decoder, experts, in_block, llama_decoder, mlp, shared_expert
+from ggufsmith.arch.decoder import DENSE, ROUTER, SPARSE, Decoder, experts, in_block, llama_decoder, mlp, shared_expert
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import ExpertGatingFunc, Keys
 from ggufsmith.readers.config import HFConfig
-
-DENSE = "bid < n_layer_dense_lead"
-SPARSE = "bid >= n_layer_dense_lead"
 
 
 class Dots1(Decoder):
