@@ -152,6 +152,11 @@ class GGUFValueType(IntEnum):
     FLOAT64 = 12
 
 
+GGUF_INTEGER_TYPES = frozenset({
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+})
+
 # struct format characters (without byte order) of the fixed-size value types.
 GGUF_VALUE_STRUCT: dict[GGUFValueType, str] = {
     GGUFValueType.UINT8: "B",
@@ -206,6 +211,7 @@ class FileType(IntEnum):
     MOSTLY_MXFP4_MOE = 38
     MOSTLY_NVFP4 = 39
     MOSTLY_Q1_0 = 40
+    MOSTLY_Q2_0 = 41
     GUESSED = 1024
 
 

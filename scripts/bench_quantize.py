@@ -45,7 +45,10 @@ def _gguf_py_quantizer(ggml_type):
         import gguf
     except ImportError:
         return None
-    qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    try:
+        qtype = gguf.GGMLQuantizationType(int(ggml_type))
+    except ValueError:  # a type newer than this gguf-py
+        return None
     probe = np.zeros((1, ROW_LENGTH), dtype=np.float32)
     try:
         gguf.quants.quantize(probe, qtype)
@@ -85,14 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     data = rng.standard_normal((n_rows, ROW_LENGTH), dtype=np.float32)
     ggml_quantize = _ggml_quantizer()
 
-    header = f"{'type':<6} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
-    print(f"{data.nbytes / 1e6:.0f} MB of float32 per type, rows of {ROW_LENGTH}{', with imatrix' if args.importance else ''}")
+    header = f"{'type':<8} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
+    print(f"{data.nbytes / 1e6:.0f} MB of float32 per type, rows of {ROW_LENGTH}{', with imatrix' if args.importance else ''}"
+          " (* always with an imatrix: the type needs one)")
     print(header)
     print("-" * len(header))
     for ggml_type in types:
         fmt = get_format(ggml_type)
         importance = None
-        if args.importance and fmt.supports_importance:
+        # IQ2_XXS, IQ2_XS and IQ1_S cannot be made without one: they always get one
+        if (args.importance and fmt.supports_importance) or fmt.requires_importance:
             importance = rng.lognormal(0.0, 1.0, ROW_LENGTH).astype(np.float32)
         ours_rate, ours = _rate(lambda rows: quantize(rows, ggml_type, importance), data, args.repeats)
 
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             return f"{ours_rate / rate:.2f}x" if rate else "-"
 
         print(
-            f"{ggml_type.name:<6} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
+            f"{ggml_type.name + ('*' if fmt.requires_importance else ''):<8} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
             f"{fmt_ratio(ggml_rate):>10} {fmt_ratio(gguf_rate):>13}  {'-' if exact is None else ('yes' if exact else 'NO')}",
             flush=True,
         )

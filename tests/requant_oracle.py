@@ -10,6 +10,11 @@ import numpy as np
 
 _KV_TAGS = {"int": 0, "float": 1, "bool": 2, "str": 3}  # llama_model_kv_override_type
 
+# Presets llama-quantize refuses without an importance matrix (on a llama: some tensor gets a type
+# that needs one), and Q1_0, which has no fallback for rows that are not multiples of 128 (the
+# test models' ffn rows of 320 are not).
+PRESETS_NEEDING_IMATRIX = ["Q2_K_S", "IQ3_XXS", "IQ3_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M"]
+
 
 def llama_quantize(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.ndarray] | None = None,
                    kv_overrides: list[tuple[str, str, object]] = (), tensor_types: list[tuple[str, int]] = (),

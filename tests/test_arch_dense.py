@@ -6,8 +6,8 @@ distinctive features switched on, and a BPE tokenizer trained in the tests in th
 pre-tokenizer style. Tolerances are in units of the standard deviation of transformers' logits:
   f32:  1e-3 (measured ~1e-5 where both sides compute in float32 in different orders); 1e-2 for
         GELU models, which llama.cpp computes through a float16 lookup table;
-  f16:  2e-2, the rounding of the weights through 3 layers of a random model with large weights
-        (measured 1.0-1.3e-2);
+  f16:  4e-2, the rounding of the weights (relative 2^-11) through 4 layers of a random model with
+        large weights (measured 0.5e-2 to 2.1e-2 across the families);
   q8_0: 0.6 (measured 0.25-0.36): llama.cpp also rounds the activations to 8 bits before each
         q8_0 matrix product, so the error is about twice the weights' alone. A layout error gives
         errors of several standard deviations.
@@ -31,7 +31,7 @@ gguf = pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = {"f32": 1e-3, "f16": 2e-2, "q8_0": 0.6}
+TOLERANCE = {"f32": 1e-3, "f16": 4e-2, "q8_0": 0.6}
 GELU_F32_TOLERANCE = 1e-2
 VOCAB = 600
 COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,

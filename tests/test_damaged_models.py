@@ -67,6 +67,12 @@ def _copy_block(source: int, target: int) -> Callable[[Path], None]:
     return lambda model: _edit_weights(model, edit)
 
 
+def _with_large_value(weight):
+    weight = weight.clone()
+    weight[3, 5] = 1e5  # fine in bf16 and float32, infinity in float16
+    return weight
+
+
 def _write_config(text: str) -> Callable[[Path], None]:
     return lambda model: (model / "config.json").write_text(text)
 
@@ -98,6 +104,9 @@ CATALOGUE: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "an lm_head of the wrong shape": (_replace_tensor("lm_head.weight", lambda w: w[:1000].clone()), ["output.weight", "lm_head.weight"]),
     "a 1-D tensor where a matrix belongs": (_replace_tensor("model.layers.0.self_attn.o_proj.weight", lambda w: w.reshape(-1).clone()),
                                             ["blk.0.attn_output.weight"]),
+    # weights llama.cpp would compute infinities with
+    "a weight beyond float16's range (bf16 source)": (_replace_tensor("model.layers.1.mlp.up_proj.weight", _with_large_value),
+                                                      ["blk.1.ffn_up.weight", "bf16"]),
     # config.json values of the wrong type or range
     "config.json is a list": (_write_config("[1, 2, 3]"), ["config.json", "object"]),
     "config.json is not JSON": (_write_config('{"hidden_size": 128,'), ["config.json", "not valid JSON"]),
@@ -130,6 +139,18 @@ def test_damaged_model_fails_before_writing(tmp_path, damage):
     line = assert_clean_failure(proc, culprits[0], target)
     for culprit in culprits[1:]:
         assert culprit in line, f"{culprit!r} not named in: {line}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_weight_beyond_float16_converts_to_bf16_but_not_f16(tmp_path, dtype):
+    """f16 would make it infinity: refused, naming the way out; bf16 keeps it."""
+    model = copy_example(tmp_path)
+    _edit_weights(model, lambda t: t.update({n: w.to(getattr(torch, dtype)) for n, w in t.items()}))
+    _replace_tensor("model.layers.1.mlp.up_proj.weight", _with_large_value)(model)
+    proc = run_cli("convert", model, tmp_path / "f16.gguf", "--outtype", "f16")
+    assert_clean_failure(proc, "blk.1.ffn_up.weight", tmp_path / "f16.gguf")
+    proc = run_cli("convert", model, tmp_path / "bf16.gguf", "--outtype", "bf16")
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_the_undamaged_copy_converts(tmp_path):

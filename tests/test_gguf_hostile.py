@@ -295,3 +295,23 @@ def test_non_utf8_strings_are_kept_as_bytes(tmp_path):
     b.buf += b"\xff"
     b.string("ok")
     assert read(tmp_path, bytes(b.buf)).metadata["tokenizer.ggml.tokens"].plain() == [b"\xff", "ok"]
+
+
+@pytest.mark.parametrize("ne", [[0, 2**62, 4], [4, 0, 2**61], [0, 2**31, 2**31, 2**31]])
+def test_empty_tensor_whose_other_dimensions_overflow(tmp_path, ne):
+    # No element, so no byte: but no numpy array can have this shape (its views would fail with
+    # ValueError, found by scripts/fuzz.py). ggml accepts some of these; we refuse them all.
+    b = Builder()
+    b.buf += b"GGUF"
+    b.put("I", 3)
+    b.size(1)
+    b.size(0)
+    b.string("w")
+    b.put("I", len(ne))
+    for d in ne:
+        b.size(d)
+    b.put("I", 0)
+    b.put("Q", 0)
+    b.pad(32)
+    with pytest.raises(GGUFError, match="empty, but its other dimensions"):
+        read(tmp_path, bytes(b.buf))

@@ -26,7 +26,7 @@ from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
 from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
 from ggufsmith.converters.plan import OUTTYPES
-from tests.requant_oracle import assert_same_file, assert_same_tensors, llama_quantize
+from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, assert_same_file, assert_same_tensors, llama_quantize
 from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -47,7 +47,8 @@ OTHER_VARIANTS = {
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
 FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
-ALL_PRESETS = [p for p in PRESETS if p != "Q2_K_S"]  # Q2_K_S needs an importance matrix
+# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py)
+ALL_PRESETS = [p for p in PRESETS if p != "Q1_0"]
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +142,13 @@ def test_quantize_is_llama_quantize(models, imatrices, tmp_path, model, preset, 
     _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
 
 
-# Q2_K_S needs an importance matrix (its refusal without one: test_q2_k_s_needs_an_imatrix)
-SLOW_CASES = [(p, with_imatrix) for p in ALL_PRESETS if p not in FAST_PRESETS for with_imatrix in (False, True)]
-SLOW_CASES.append(("Q2_K_S", True))
+# Some presets need an importance matrix (the refusal without one: test_q2_k_s_needs_an_imatrix,
+# tests/test_presets.py)
+SLOW_CASES = [
+    (p, with_imatrix)
+    for p in ALL_PRESETS if p not in FAST_PRESETS
+    for with_imatrix in (False, True) if with_imatrix or p not in PRESETS_NEEDING_IMATRIX
+]
 
 
 @pytest.mark.slow
@@ -195,7 +200,8 @@ def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model)
 @pytest.mark.parametrize("preset", ALL_PRESETS)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
-    _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix=preset == "Q2_K", run=True)
+    _convert_preset_check(models, imatrices, tmp_path, model, preset,
+                          with_imatrix=preset == "Q2_K" or preset in PRESETS_NEEDING_IMATRIX, run=True)
 
 
 # Issue 15: every preset through `convert --outtype PRESET` on the per-expert qwen3moe, with and

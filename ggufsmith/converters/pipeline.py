@@ -118,7 +118,11 @@ def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callab
         return
     if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
         if tensor.dtype == "BF16" and t.ggml_type == GGMLType.F16 and tensor.stored_rows_loader is not None:
-            yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_bits_to_f16_bits(tensor.load_stored_rows(start, stop))))
+            def bf16_to_f16(start: int, stop: int) -> np.ndarray:
+                bits = tensor.load_stored_rows(start, stop)
+                return _refuse_f16_overflow(t, bf16_bits_to_f16_bits(bits), lambda: bool((~bits & 0x7F80).all()))
+
+            yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_to_f16(start, stop)))
         else:
             yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start, quantizer))
     elif len(tensor.shape) < 2 or tensor.n_elements <= SLICE_ELEMENTS:
@@ -204,7 +208,7 @@ def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int, qu
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
         if t.importance is None:
-            return quantizer(data, t.ggml_type)
+            return _refuse_f16_overflow(t, quantizer(data, t.ggml_type), lambda: bool(np.isfinite(data).all()))
         rows = data.reshape(-1, t.shape[-1])
         rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
         pieces = [quantizer(rows[start:stop], t.ggml_type, importance)
@@ -212,6 +216,17 @@ def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int, qu
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     return _checked(t, produce)
+
+
+def _refuse_f16_overflow(t: PlannedTensor, encoded: np.ndarray, source_is_finite: Callable[[], bool]) -> np.ndarray:
+    """F16 holds at most 65504: a larger finite weight would be written as infinity, and llama.cpp
+    would compute with it (NaN logits). Refuse rather than write a broken file."""
+    if t.ggml_type == GGMLType.F16 and ((encoded.view("<u2") & 0x7FFF) == 0x7C00).any() and source_is_finite():
+        raise ConversionError(
+            f"tensor {t.name} (from {t.tensor.source}) holds values beyond float16's range (65504), which "
+            "would be written as infinity; convert with --outtype bf16 or f32 instead"
+        )
+    return encoded
 
 
 def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True, inputs: Iterable[str | Path] = (),

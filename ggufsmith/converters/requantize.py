@@ -20,6 +20,7 @@ from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.output import check_target
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.writer import tensor_data_size
+from ggufsmith.quantize.registry import supported_types
 
 
 def quantize_gguf(
@@ -57,6 +58,7 @@ def quantize_gguf(
         ]
         source = ConversionPlan(None, "input", int(model.metadata.get(Keys.General.FILE_TYPE, 0)), model.metadata, planned)
         plan = apply_preset(source, request, keep_order=keep_split)
+        _check_decodable(src, plan)
         if not dry_run:
             if keep_split:
                 parts = split_plans(plan, dst, model.n_splits)
@@ -67,6 +69,18 @@ def quantize_gguf(
             else:
                 write_plan(plan, dst, progress=progress, inputs=inputs, force=force, threads=threads)
     return plan
+
+
+def _check_decodable(src: Path, plan: ConversionPlan) -> None:
+    """Before anything is written: every tensor whose type changes is stored in a type we can decode."""
+    decodable = set(supported_types())
+    for t in plan.tensors:
+        stored = t.tensor.stored_type
+        if t.ggml_type != stored and stored not in decodable:
+            raise ConversionError(
+                f"{src}: tensor {t.name} is stored as {stored.name}, which ggufsmith cannot decode to requantize it to "
+                f"{t.ggml_type.name}; start from the F16/F32 file (or use llama-quantize)"
+            )
 
 
 def split_plans(plan: ConversionPlan, dst: Path, n_splits: int) -> list[tuple[Path, ConversionPlan]]:

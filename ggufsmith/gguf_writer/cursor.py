@@ -21,6 +21,8 @@ class ByteCursor:
     `size_width` is 8 for GGUF v2/v3 and 4 for v1, whose counts and lengths were uint32.
     """
 
+    __slots__ = ("buffer", "view", "source", "order", "size_width", "pos", "end")
+
     def __init__(self, buffer: np.ndarray, source: str, byteorder: str = "<", size_width: int = 8) -> None:
         self.buffer = buffer
         # Slicing the underlying object (an mmap or bytes) yields bytes directly: the fast path for
@@ -31,6 +33,14 @@ class ByteCursor:
         self.size_width = size_width
         self.pos = 0
         self.end = len(buffer)
+
+    def at(self, pos: int) -> ByteCursor:
+        """A cursor over the same bytes, in the same byte order, at `pos`."""
+        other = ByteCursor.__new__(ByteCursor)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.pos = pos
+        return other
 
     @property
     def remaining(self) -> int:
@@ -95,11 +105,11 @@ class ByteCursor:
         except UnicodeDecodeError:
             return raw
 
-    def strings(self, n: int, what: str) -> tuple[str | bytes, ...]:
-        """`n` GGUF strings in a row (the caller has checked `n` against the bytes left)."""
+    def skip_strings(self, n: int, what: str) -> None:
+        """Check that `n` GGUF strings follow, and step over them without decoding any (the caller
+        has checked `n` against the bytes left). Decoding is left to whoever asks for a string."""
         view, pos, end, width = self.view, self.pos, self.end, self.size_width
         unpack = struct.Struct(self.order + ("Q" if width == 8 else "I")).unpack_from
-        out = [""] * n
         for j in range(n):
             if pos + width > end:
                 self.pos = pos
@@ -108,14 +118,8 @@ class ByteCursor:
             pos += width
             if length > end - pos:
                 raise self.fail(f"string {j} of {what} is {length} bytes long but only {end - pos} are left", pos - width)
-            raw = bytes(view[pos : pos + length])
             pos += length
-            try:
-                out[j] = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                out[j] = raw
         self.pos = pos
-        return tuple(out)
 
     def array(self, dtype: str, n: int, what: str) -> np.ndarray:
         """`n` fixed-size values as a read-only numpy view in the file's byte order (zero copy)."""

@@ -3,6 +3,8 @@
 Prints the header, the metadata (long arrays summarized), the tensor table, totals, a check of the
 file name against the GGUF naming convention, and warnings about what llama.cpp will refuse.
 `--json` prints the same as one JSON document, with arrays in full, for scripts.
+Both are written as they are produced, never built whole: with the reader's lazy values, memory
+stays a small multiple of the file's size however the file is made (tests/test_gguf_reader_memory.py).
 A file that does not validate gives a one-line error and exit status 1 (through the CLI).
 """
 
@@ -13,6 +15,8 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterator
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,7 @@ import numpy as np
 from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAX_TENSOR_NAME_BYTES, GGUFValueType
 from ggufsmith.gguf_writer.encoding import align_offset
 from ggufsmith.gguf_writer.metadata import MetadataValue, check_key
-from ggufsmith.gguf_writer.reader import GGUFReader
+from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor
 from ggufsmith.errors import GGUFError
 
 # The naming convention's regular expression from the GGUF spec ("Validating Above Naming
@@ -38,7 +42,9 @@ NAMING_CONVENTION = re.compile(
 )
 NAMING_PARTS = ("BaseName", "SizeLabel", "FineTune", "Version", "Encoding", "Type", "Shard")
 ARRAY_PREVIEW = 5  # values shown of a long array
+ARRAY_PREVIEW_DEPTH = 2  # levels of nested arrays shown (each level multiplies the values shown by 5)
 TEXT_PREVIEW = 70  # characters shown of a long string
+JSON_CHUNK = 1024  # array elements written at a time by --json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,10 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     reader = GGUFReader(args.file)
-    report = build_report(reader)
-    text = json.dumps(report, indent=1) if args.json else format_report(reader, report)
     try:
-        print(text)
+        # Written piece by piece: the output of a large file is never held whole in memory.
+        for piece in json_pieces(reader) if args.json else text_lines(reader):
+            sys.stdout.write(piece if args.json else piece + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         # `ggufsmith inspect x.gguf | head`: the reader has all it wanted; not an error.
@@ -60,27 +66,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 # -- the report -----------------------------------------------------------------------------------
-def build_report(reader: GGUFReader) -> dict[str, Any]:
-    """Everything `inspect` shows, as plain JSON-able data."""
-    tensors = [
-        {
-            "name": t.name,
-            "shape": list(t.shape),
-            "ne": list(t.ne),
-            "type": t.ggml_type.name,
-            "offset": t.offset,
-            "relative_offset": t.relative_offset,
-            "nbytes": t.nbytes,
-            "n_elements": t.n_elements,
-        }
-        for t in reader.tensors
-    ]
+def tensor_totals(reader: GGUFReader) -> dict[str, Any]:
+    """Parameters and bytes, in all and by tensor type."""
     bytes_by_type: dict[str, int] = {}
     tensors_by_type: dict[str, int] = {}
+    parameters = tensor_bytes = 0
     for t in reader.tensors:
+        parameters += t.n_elements
+        tensor_bytes += t.nbytes
         bytes_by_type[t.ggml_type.name] = bytes_by_type.get(t.ggml_type.name, 0) + t.nbytes
         tensors_by_type[t.ggml_type.name] = tensors_by_type.get(t.ggml_type.name, 0) + 1
     return {
+        "parameters": parameters,
+        "tensor_bytes": tensor_bytes,
+        "bytes_by_type": bytes_by_type,
+        "tensors_by_type": tensors_by_type,
+    }
+
+
+def _tensor_entry(t: ReaderTensor) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "shape": list(t.shape),
+        "ne": list(t.ne),
+        "type": t.ggml_type.name,
+        "offset": t.offset,
+        "relative_offset": t.relative_offset,
+        "nbytes": t.nbytes,
+        "n_elements": t.n_elements,
+    }
+
+
+def json_pieces(reader: GGUFReader) -> Iterator[str]:
+    """The report as one JSON document, in pieces: header fields, then each metadata value (arrays
+    in full, element by element), each tensor, totals, the name check and the warnings."""
+    header = {
         "file": str(reader.path),
         "file_size": reader.file_size,
         "version": reader.version,
@@ -89,17 +109,20 @@ def build_report(reader: GGUFReader) -> dict[str, Any]:
         "data_offset": reader.data_offset,
         "n_kv": reader.n_kv,
         "n_tensors": reader.n_tensors,
-        "metadata": {key: _json_value(value) for key, value in reader.metadata.items()},
-        "tensors": tensors,
-        "totals": {
-            "parameters": sum(t.n_elements for t in reader.tensors),
-            "tensor_bytes": sum(t.nbytes for t in reader.tensors),
-            "bytes_by_type": bytes_by_type,
-            "tensors_by_type": tensors_by_type,
-        },
-        "naming": check_file_name(reader.path.name),
-        "warnings": llama_cpp_warnings(reader),
     }
+    yield "{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in header.items())
+    yield ' "metadata": {'
+    for i, (key, value) in enumerate(reader.metadata.items()):
+        yield f"{',' if i else ''}\n  {json.dumps(key)}: "
+        yield from _json_value(value)
+    yield "\n },\n \"tensors\": ["
+    for i, t in enumerate(reader.tensors):
+        yield f"{',' if i else ''}\n  {json.dumps(_tensor_entry(t))}"
+    yield f"\n ],\n \"totals\": {json.dumps(tensor_totals(reader))},\n"
+    yield f' "naming": {json.dumps(check_file_name(reader.path.name))},\n "warnings": ['
+    for i, warning in enumerate(llama_cpp_warnings(reader)):
+        yield f"{',' if i else ''}\n  {json.dumps(warning)}"
+    yield "\n ]\n}\n"
 
 
 def check_file_name(name: str) -> dict[str, Any]:
@@ -109,45 +132,54 @@ def check_file_name(name: str) -> dict[str, Any]:
     return {"follows_convention": True, "parts": {p: match.group(p) for p in NAMING_PARTS if match.group(p) is not None}}
 
 
-def llama_cpp_warnings(reader: GGUFReader) -> list[str]:
+def llama_cpp_warnings(reader: GGUFReader) -> Iterator[str]:
     """What is valid GGUF but will stop or surprise llama.cpp (ggml's loader is stricter than the spec)."""
-    warnings = []
     if reader.version == 1:
-        warnings.append("GGUF v1 file: current llama.cpp no longer loads version 1")
+        yield "GGUF v1 file: current llama.cpp no longer loads version 1"
     if reader.byteorder == "big":
-        warnings.append("big-endian file: llama.cpp loads it only on a big-endian machine")
+        yield "big-endian file: llama.cpp loads it only on a big-endian machine"
     if reader.alignment % 8:
-        warnings.append(f"alignment {reader.alignment} is not a multiple of 8 as the spec asks")
+        yield f"alignment {reader.alignment} is not a multiple of 8 as the spec asks"
     for key, value in reader.metadata.items():
         if value.type == GGUFValueType.ARRAY and value.element_type == GGUFValueType.ARRAY:
-            warnings.append(f"metadata {key} is an array of arrays: llama.cpp refuses to load files with nested arrays")
+            yield f"metadata {key} is an array of arrays: llama.cpp refuses to load files with nested arrays"
         try:
             check_key(key)
         except GGUFError:
-            warnings.append(f"metadata key {key!r} is not lower_snake_case.dotted ASCII as the spec asks")
+            yield f"metadata key {key!r} is not lower_snake_case.dotted ASCII as the spec asks"
     expected_offset = 0
     for t in reader.tensors:
         if len(t.name.encode("utf-8")) > GGUF_MAX_TENSOR_NAME_BYTES:
-            warnings.append(f"tensor name {t.name!r} is 64 bytes: ggml loads names of at most 63")
+            yield f"tensor name {t.name!r} is 64 bytes: ggml loads names of at most 63"
         if t.relative_offset != expected_offset:
-            warnings.append(
+            yield (
                 f"tensor {t.name} is at data offset {t.relative_offset}; llama.cpp expects the tensors "
                 f"stored in order, each padded to the alignment (offset {expected_offset})"
             )
         expected_offset = align_offset(t.relative_offset + t.nbytes, reader.alignment)
-    return warnings
 
 
-def _json_value(item: MetadataValue) -> dict[str, Any]:
+def _json_value(item: MetadataValue) -> Iterator[str]:
+    """One metadata value as JSON, in pieces: never more than a chunk of an array at a time."""
     if item.type != GGUFValueType.ARRAY:
-        return {"type": item.type.name, "value": _json_scalar(item.value)}
+        yield json.dumps({"type": item.type.name, "value": _json_scalar(item.value)})
+        return
+    yield f'{{"type": "ARRAY", "element_type": "{item.element_type.name}", "length": {len(item.value)}, "value": ['
+    values = item.value
     if item.element_type == GGUFValueType.ARRAY:
-        values = [_json_value(v) for v in item.value]
-    elif isinstance(item.value, np.ndarray):
-        values = item.value.tolist()
+        for i, element in enumerate(values):
+            yield ", " if i else ""
+            yield from _json_value(element)
+    elif isinstance(values, np.ndarray):  # as Python numbers a slice at a time: a list of all is ~10x
+        for start in range(0, len(values), JSON_CHUNK):
+            yield (", " if start else "") + ", ".join(map(json.dumps, values[start : start + JSON_CHUNK].tolist()))
     else:
-        values = [_json_scalar(v) for v in item.value]
-    return {"type": "ARRAY", "element_type": item.element_type.name, "length": len(item.value), "value": values}
+        strings = iter(values)
+        separator = ""
+        while chunk := list(islice(strings, JSON_CHUNK)):
+            yield separator + ", ".join(json.dumps(_json_scalar(v)) for v in chunk)
+            separator = ", "
+    yield "]}"
 
 
 def _json_scalar(value: Any) -> Any:
@@ -156,66 +188,76 @@ def _json_scalar(value: Any) -> Any:
 
 
 # -- text -----------------------------------------------------------------------------------------
-def format_report(reader: GGUFReader, report: dict[str, Any]) -> str:
-    lines = [
-        f"{reader.path}: GGUF v{reader.version}, {reader.byteorder}-endian, {reader.file_size:,} bytes",
+def text_lines(reader: GGUFReader) -> Iterator[str]:
+    """The report as text, line by line (the tensor table takes one pass to size its columns)."""
+    yield f"{reader.path}: GGUF v{reader.version}, {reader.byteorder}-endian, {reader.file_size:,} bytes"
+    yield (
         f"  {reader.n_kv} metadata keys, {reader.n_tensors} tensors, alignment {reader.alignment}"
         + ("" if reader.alignment == GGUF_DEFAULT_ALIGNMENT else " (from general.alignment)")
-        + f", tensor data at byte {reader.data_offset:,}",
-        "",
-        "metadata:",
-    ]
+        + f", tensor data at byte {reader.data_offset:,}"
+    )
+    yield ""
+    yield "metadata:"
     width = max((len(k) for k in reader.metadata), default=0)
     for key, item in reader.metadata.items():
-        lines.append(f"  {key:<{width}}  {_type_name(item):<10}  {_summary(item)}")
-    lines += ["", "tensors:"]
-    if reader.tensors:
-        rows = [("name", "shape", "type", "offset", "bytes")]
-        rows += [
-            (t.name, "x".join(map(str, t.shape)), t.ggml_type.name, f"{t.offset:,}", f"{t.nbytes:,}")
-            for t in reader.tensors
-        ]
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        for r in rows:
-            lines.append(
-                f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}"
-            )
-    else:
-        lines.append("  (none)")
-    totals = report["totals"]
-    lines += [
-        "",
-        f"parameters: {totals['parameters']:,} ({_human(totals['parameters'])})",
-        f"tensor data: {totals['tensor_bytes']:,} bytes",
-    ]
+        yield f"  {key:<{width}}  {_type_name(item):<10}  {_summary(item)}"
+    yield ""
+    yield "tensors:"
+    yield from _tensor_table(reader)
+    totals = tensor_totals(reader)
+    yield ""
+    yield f"parameters: {totals['parameters']:,} ({_human(totals['parameters'])})"
+    yield f"tensor data: {totals['tensor_bytes']:,} bytes"
     for type_name, nbytes in sorted(totals["bytes_by_type"].items()):
-        lines.append(f"  {type_name:<8} {totals['tensors_by_type'][type_name]:>5} tensors  {nbytes:>16,} bytes")
-    naming = report["naming"]
+        yield f"  {type_name:<8} {totals['tensors_by_type'][type_name]:>5} tensors  {nbytes:>16,} bytes"
+    naming = check_file_name(reader.path.name)
     if naming["follows_convention"]:
         parts = ", ".join(f"{k}={v}" for k, v in naming["parts"].items())
-        lines.append(f"file name: follows the GGUF naming convention ({parts})")
+        yield f"file name: follows the GGUF naming convention ({parts})"
     else:
-        lines.append(
+        yield (
             "file name: does not follow the GGUF naming convention "
             "(<BaseName>-<SizeLabel>-<FineTune>-<Version>-<Encoding>-<Type>-<Shard>.gguf)"
         )
-    if report["warnings"]:
-        lines += ["", "warnings:"] + [f"  - {w}" for w in report["warnings"]]
-    return "\n".join(lines)
+    for i, warning in enumerate(llama_cpp_warnings(reader)):
+        if i == 0:
+            yield ""
+            yield "warnings:"
+        yield f"  - {warning}"
+
+
+def _tensor_table(reader: GGUFReader) -> Iterator[str]:
+    if not reader.tensors:
+        yield "  (none)"
+        return
+
+    def row(t: ReaderTensor) -> tuple[str, ...]:
+        return t.name, "x".join(map(str, t.shape)), t.ggml_type.name, f"{t.offset:,}", f"{t.nbytes:,}"
+
+    header = ("name", "shape", "type", "offset", "bytes")
+    widths = [len(h) for h in header]
+    for t in reader.tensors:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row(t))]
+    for r in chain([header], (row(t) for t in reader.tensors)):
+        yield f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}  {r[4]:>{widths[4]}}"
 
 
 def _type_name(item: MetadataValue) -> str:
     return item.type.name if item.type != GGUFValueType.ARRAY else f"[{item.element_type.name}]"
 
 
-def _summary(item: MetadataValue) -> str:
+def _summary(item: MetadataValue, depth: int = 0) -> str:
     if item.type == GGUFValueType.STRING:
         return _short_text(item.value)
     if item.type != GGUFValueType.ARRAY:
         return repr(item.value)
-    values = item.value
-    n = len(values)
-    shown = [_summary(v) if isinstance(v, MetadataValue) else _scalar_text(v) for v in values[:ARRAY_PREVIEW]]
+    n = len(item.value)
+    if depth == ARRAY_PREVIEW_DEPTH:
+        return f"[({n:,} values)]"
+    shown = [
+        _summary(v, depth + 1) if isinstance(v, MetadataValue) else _scalar_text(v)
+        for v in islice(item.value, ARRAY_PREVIEW)
+    ]
     more = f", ... ({n:,} values)" if n > ARRAY_PREVIEW else ""
     return f"[{', '.join(shown)}{more}]"
 
@@ -227,6 +269,7 @@ def _scalar_text(value: Any) -> str:
 
 
 def _short_text(value: str | bytes) -> str:
+    value = value[: 4 * TEXT_PREVIEW]  # what can be shown: a long text is never escaped whole
     text = json.dumps(value if isinstance(value, str) else value.decode("utf-8", "backslashreplace"), ensure_ascii=False)
     return text if len(text) <= TEXT_PREVIEW else text[: TEXT_PREVIEW - 4] + '..."'
 

@@ -12,6 +12,12 @@ gguf-py do: its version, read little-endian, has its low 16 bits zero.
 Any malformed or hostile content raises GGUFError naming the byte offset and the problem. Counts
 and lengths are checked against the bytes left in the file before anything is allocated for them,
 so a count of 2**63 fails at once instead of allocating.
+
+The whole file is checked on construction, but nothing is decoded for keeping: `metadata` (a
+FileMetadata) and `tensors` (a read-only list) decode each value or tensor from the mapped file when
+asked for, and arrays of strings or arrays are LazyArrays that decode element by element. So the
+reader's memory stays a small multiple of the file's size (about 1x at worst, measured in
+tests/test_gguf_reader_memory.py) whatever the file holds.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,17 +36,16 @@ from ggufsmith.constants import (
     GGML_TYPE_LAYOUT,
     GGUF_DEFAULT_ALIGNMENT,
     GGUF_MAGIC,
-    GGUF_MAX_ARRAY_DEPTH,
     GGUF_MAX_DIMS,
-    GGUF_VALUE_STRUCT,
     GGMLType,
     GGUFValueType,
     Keys,
 )
 from ggufsmith.errors import GGUFError
 from ggufsmith.gguf_writer.cursor import ByteCursor
-from ggufsmith.gguf_writer.encoding import NUMPY_DTYPE_OF_VALUE, align_offset
-from ggufsmith.gguf_writer.metadata import Metadata, MetadataValue
+from ggufsmith.gguf_writer.encoding import align_offset
+from ggufsmith.gguf_writer.file_index import LazyTable, NameIndex
+from ggufsmith.gguf_writer.file_values import FileMetadata, skip_value, value_type
 
 SUPPORTED_VERSIONS = (1, 2, 3)
 # The spec says names are at most 64 bytes (ggml itself only loads 63; `inspect` warns about 64).
@@ -108,19 +114,18 @@ class GGUFReader:
         with open(self.path, "rb") as f:
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._map = np.frombuffer(mapping, dtype=np.uint8)
-        self.metadata = Metadata()
-        self.tensors: list[ReaderTensor] = []
         self._parse(ByteCursor(self._map, source))
 
     # -- public helpers ------------------------------------------------------------------------
     def tensor(self, name: str) -> ReaderTensor:
-        for t in self.tensors:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        i = self._tensor_names.find(name)
+        if i is None:
+            raise KeyError(name)
+        return self.tensors[i]
 
     def close(self) -> None:
-        """Drop this reader's reference to the mapping; it is unmapped once no tensor view uses it."""
+        """Drop this reader's reference to the mapping; it is unmapped once no tensor view, tensor
+        or metadata read from this reader uses it."""
         self._map = None
 
     def __enter__(self) -> GGUFReader:
@@ -135,19 +140,22 @@ class GGUFReader:
         if magic != GGUF_MAGIC:
             raise cur.fail(f"not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r}", 0)
         self._read_version(cur)
-        self._read_metadata(cur)
+        self.metadata = self._read_metadata(cur)
         self.alignment = self._alignment(cur)
-        infos = self._read_tensor_infos(cur)
+        info_positions, offsets, sizes = self._read_tensor_infos(cur)
         self.tensor_info_end = cur.pos
         # The data section starts at the next multiple of the alignment. A file without tensors may
         # end right after its metadata, without that padding (llama.cpp writes vocab files so).
         self.data_offset = align_offset(cur.pos, self.alignment)
-        if infos and self.data_offset > self.file_size:
+        if self.n_tensors and self.data_offset > self.file_size:
             raise cur.fail(
                 f"the tensor data section would start at byte {self.data_offset}, past the end of the "
                 f"{self.file_size}-byte file (truncated?)"
             )
-        self._place_tensors(cur, infos)
+        self.tensors: Sequence[ReaderTensor] = LazyTable(
+            self.n_tensors, lambda i: self._tensor_at(cur, int(info_positions[i]), i)
+        )
+        self._check_tensor_placement(cur, offsets, sizes)
 
     def _read_version(self, cur: ByteCursor) -> None:
         at = cur.pos
@@ -166,65 +174,21 @@ class GGUFReader:
         self.n_tensors = cur.count("tensor infos", width + 1 + 4 + width + 4 + 8)
         self.n_kv = cur.count("metadata key-value pairs", width + 1 + 4 + 1)
 
-    def _read_metadata(self, cur: ByteCursor) -> None:
+    def _read_metadata(self, cur: ByteCursor) -> FileMetadata:
+        positions = np.empty(self.n_kv, dtype=np.int64)
+        key_hashes = np.empty(self.n_kv, dtype=np.int64)
         for i in range(self.n_kv):
             at = cur.pos
             key = cur.string(f"the key of metadata pair {i}")
             if isinstance(key, bytes) or not key:
                 raise cur.fail(f"metadata pair {i} has an empty or non-UTF-8 key {key!r}", at)
-            if key in self.metadata:
-                raise cur.fail(f"metadata key {key!r} appears twice", at)
-            vtype = self._value_type(cur, f"the type of {key}")
-            value = self._read_value(cur, key, vtype)
-            self.metadata.add_read_value(key, value)
-
-    def _value_type(self, cur: ByteCursor, what: str) -> GGUFValueType:
-        at = cur.pos
-        raw = cur.u32(what)
-        try:
-            return GGUFValueType(raw)
-        except ValueError:
-            raise cur.fail(f"{what} is {raw}, not a known GGUF value type", at) from None
-
-    def _read_value(self, cur: ByteCursor, key: str, vtype: GGUFValueType) -> MetadataValue:
-        if vtype == GGUFValueType.ARRAY:
-            return self._read_array(cur, key, depth=1)
-        if vtype == GGUFValueType.STRING:
-            return MetadataValue(cur.string(f"the value of {key}"), vtype)
-        return MetadataValue(self._read_scalar(cur, key, vtype), vtype)
-
-    def _read_scalar(self, cur: ByteCursor, key: str, vtype: GGUFValueType):
-        at = cur.pos
-        if vtype == GGUFValueType.BOOL:
-            raw = cur.scalar("B", 1, f"the value of {key}")
-            if raw > 1:
-                raise cur.fail(f"the bool value of {key} is {raw}; GGUF allows only 0 and 1", at)
-            return bool(raw)
-        fmt = GGUF_VALUE_STRUCT[vtype]
-        return cur.scalar(fmt, struct.calcsize(fmt), f"the value of {key}")
-
-    def _read_array(self, cur: ByteCursor, key: str, depth: int) -> MetadataValue:
-        if depth > GGUF_MAX_ARRAY_DEPTH:
-            raise cur.fail(f"{key}: arrays nested deeper than {GGUF_MAX_ARRAY_DEPTH} levels")
-        etype = self._value_type(cur, f"the element type of array {key}")
-        if etype == GGUFValueType.STRING:
-            n = cur.count(f"strings in {key}", cur.size_width)
-            return MetadataValue(cur.strings(n, key), GGUFValueType.ARRAY, etype)
-        if etype == GGUFValueType.ARRAY:
-            n = cur.count(f"arrays in {key}", 4 + cur.size_width)
-            items = tuple(self._read_array(cur, key, depth + 1) for _ in range(n))
-            return MetadataValue(items, GGUFValueType.ARRAY, etype)
-        dtype = NUMPY_DTYPE_OF_VALUE[etype]
-        at = cur.pos
-        n = cur.count(f"elements in {key}", np.dtype(dtype).itemsize)
-        values = cur.array(dtype, n, f"the elements of {key}")
-        if etype == GGUFValueType.BOOL:
-            if n and int(values.max()) > 1:
-                raise cur.fail(f"array {key} holds a bool that is neither 0 nor 1", at)
-            values = values.view(np.bool_)
-        elif cur.order == ">" and values.dtype.itemsize > 1:
-            values = values.astype(values.dtype.newbyteorder("="))  # numbers in native order
-        return MetadataValue(values, GGUFValueType.ARRAY, etype)
+            skip_value(cur, key, value_type(cur, f"the type of {key}"))
+            positions[i], key_hashes[i] = at, hash(key)
+        metadata = FileMetadata(cur.at(0), positions, key_hashes)
+        twice = metadata.first_duplicate()
+        if twice is not None:
+            raise cur.fail(f"metadata key {cur.at(twice).string('a key')!r} appears twice", twice)
+        return metadata
 
     def _alignment(self, cur: ByteCursor) -> int:
         if Keys.General.ALIGNMENT not in self.metadata:
@@ -236,71 +200,95 @@ class GGUFReader:
             raise cur.fail(f"{Keys.General.ALIGNMENT} is {item.value}, not a power of two")
         return item.value
 
-    def _read_tensor_infos(self, cur: ByteCursor) -> list[tuple]:
-        infos = []
-        names: set[str] = set()
-        for i in range(self.n_tensors):
-            at = cur.pos
-            name = cur.string(f"the name of tensor {i}")
-            if isinstance(name, bytes):
-                raise cur.fail(f"the name of tensor {i} is not UTF-8: {name!r}", at)
-            if len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES_READ:
-                raise cur.fail(f"tensor name {name[:70]!r}... is longer than {MAX_TENSOR_NAME_BYTES_READ} bytes", at)
-            if name in names:
-                raise cur.fail(f"tensor {name!r} appears twice", at)
-            names.add(name)
-            dims_at = cur.pos
-            n_dims = cur.u32(f"the dimension count of tensor {name}")
-            if not 1 <= n_dims <= GGUF_MAX_DIMS:
-                raise cur.fail(f"tensor {name} has {n_dims} dimensions; GGUF allows 1 to {GGUF_MAX_DIMS}", dims_at)
-            ne = [cur.size(f"dimension {j} of tensor {name}") for j in range(n_dims)]
-            n_elements = 1
-            for d in ne:
-                if d > INT64_MAX:  # ggml reads dimensions as int64
-                    raise cur.fail(f"tensor {name} has a negative dimension in {ne}", dims_at)
-                n_elements *= d
-            if n_elements > INT64_MAX:
-                raise cur.fail(f"tensor {name}: {ne} has more elements than fit in int64", dims_at)
-            type_at = cur.pos
-            raw_type = cur.u32(f"the type of tensor {name}")
-            try:
-                ggml_type = GGMLType(raw_type)
-            except ValueError:
-                raise cur.fail(f"tensor {name} has unknown tensor type {raw_type}", type_at) from None
-            layout = GGML_TYPE_LAYOUT[ggml_type]
-            if ne[0] % layout.block_size:
-                raise cur.fail(
-                    f"tensor {name}: {ggml_type.name} rows must be a multiple of {layout.block_size} "
-                    f"elements, not {ne[0]}",
-                    dims_at,
-                )
-            offset_at = cur.pos
-            offset = cur.u64(f"the data offset of tensor {name}")
-            if offset % self.alignment:
-                raise cur.fail(f"tensor {name}: data offset {offset} is not a multiple of the alignment {self.alignment}", offset_at)
-            nbytes = n_elements // layout.block_size * layout.type_size
-            infos.append((name, tuple(reversed(ne)), ggml_type, offset, nbytes, n_elements, at))
-        return infos
+    def _read_tensor_infos(self, cur: ByteCursor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Check every tensor info; returns where each starts, and each tensor's data offset and
+        size, capped at the file size + 1 (larger ones cannot fit anyway) so that int64 holds them."""
+        n, cap = self.n_tensors, self.file_size + 1
+        positions = np.empty(n, dtype=np.int64)
+        name_hashes = np.empty(n, dtype=np.int64)
+        offsets = np.empty(n, dtype=np.int64)
+        sizes = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            positions[i] = cur.pos
+            name, _, _, offset, nbytes, _ = self._read_tensor_info(cur, i)
+            name_hashes[i], offsets[i], sizes[i] = hash(name), min(offset, cap), min(nbytes, cap)
+        self._tensor_names = NameIndex(name_hashes, lambda i: cur.at(int(positions[i])).string("a tensor name"))
+        twice = self._tensor_names.first_duplicate()
+        if twice is not None:
+            at = int(positions[twice])
+            raise cur.fail(f"tensor {cur.at(at).string('a tensor name')!r} appears twice", at)
+        return positions, offsets, sizes
 
-    def _place_tensors(self, cur: ByteCursor, infos: list[tuple]) -> None:
-        for name, shape, ggml_type, offset, nbytes, n_elements, at in infos:
-            start = self.data_offset + offset
-            if start + nbytes > self.file_size:
-                raise cur.fail(
-                    f"tensor {name}: its {nbytes} bytes at file offset {start} run past the end of the "
-                    f"{self.file_size}-byte file (truncated?)",
-                    at,
-                )
-            self.tensors.append(
-                ReaderTensor(name, shape, ggml_type, start, offset, nbytes, n_elements, self.byteorder, at, self._map)
+    def _read_tensor_info(self, cur: ByteCursor, i: int) -> tuple:
+        """(name, shape in numpy order, type, data offset, size in bytes, element count)."""
+        at = cur.pos
+        name = cur.string(f"the name of tensor {i}")
+        if isinstance(name, bytes):
+            raise cur.fail(f"the name of tensor {i} is not UTF-8: {name!r}", at)
+        if len(name.encode("utf-8")) > MAX_TENSOR_NAME_BYTES_READ:
+            raise cur.fail(f"tensor name {name[:70]!r}... is longer than {MAX_TENSOR_NAME_BYTES_READ} bytes", at)
+        dims_at = cur.pos
+        n_dims = cur.u32(f"the dimension count of tensor {name}")
+        if not 1 <= n_dims <= GGUF_MAX_DIMS:
+            raise cur.fail(f"tensor {name} has {n_dims} dimensions; GGUF allows 1 to {GGUF_MAX_DIMS}", dims_at)
+        ne = [cur.size(f"dimension {j} of tensor {name}") for j in range(n_dims)]
+        n_elements = nonzero_product = 1
+        for d in ne:
+            if d > INT64_MAX:  # ggml reads dimensions as int64
+                raise cur.fail(f"tensor {name} has a negative dimension in {ne}", dims_at)
+            n_elements *= d
+            nonzero_product *= max(d, 1)
+        if n_elements > INT64_MAX:
+            raise cur.fail(f"tensor {name}: {ne} has more elements than fit in int64", dims_at)
+        if nonzero_product * 8 > INT64_MAX:
+            # An empty tensor whose other dimensions multiply past what numpy can shape (ggml
+            # accepts [0, 2**62, 4]; no real file has one, and no array could view it).
+            raise cur.fail(f"tensor {name}: {ne} is empty, but its other dimensions multiply past int64", dims_at)
+        type_at = cur.pos
+        raw_type = cur.u32(f"the type of tensor {name}")
+        try:
+            ggml_type = GGMLType(raw_type)
+        except ValueError:
+            raise cur.fail(f"tensor {name} has unknown tensor type {raw_type}", type_at) from None
+        layout = GGML_TYPE_LAYOUT[ggml_type]
+        if ne[0] % layout.block_size:
+            raise cur.fail(
+                f"tensor {name}: {ggml_type.name} rows must be a multiple of {layout.block_size} "
+                f"elements, not {ne[0]}",
+                dims_at,
+            )
+        offset_at = cur.pos
+        offset = cur.u64(f"the data offset of tensor {name}")
+        if offset % self.alignment:
+            raise cur.fail(f"tensor {name}: data offset {offset} is not a multiple of the alignment {self.alignment}", offset_at)
+        nbytes = n_elements // layout.block_size * layout.type_size
+        return name, tuple(reversed(ne)), ggml_type, offset, nbytes, n_elements
+
+    def _tensor_at(self, cur: ByteCursor, at: int, i: int) -> ReaderTensor:
+        name, shape, ggml_type, offset, nbytes, n_elements = self._read_tensor_info(cur.at(at), i)
+        start = self.data_offset + offset
+        return ReaderTensor(name, shape, ggml_type, start, offset, nbytes, n_elements, self.byteorder, at, cur.buffer)
+
+    def _check_tensor_placement(self, cur: ByteCursor, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        """Every tensor's bytes lie inside the file, and no two tensors share a byte."""
+        starts = self.data_offset + offsets
+        ends = starts + sizes
+        past_end = np.flatnonzero(ends > self.file_size)
+        if past_end.size:
+            t = self.tensors[int(past_end[0])]
+            raise cur.fail(
+                f"tensor {t.name}: its {t.nbytes} bytes at file offset {t.offset} run past the end of the "
+                f"{self.file_size}-byte file (truncated?)",
+                t.info_offset,
             )
         # Tensors may be stored in any order, but no two may share a byte.
-        previous = None
-        for t in sorted((t for t in self.tensors if t.nbytes), key=lambda t: t.offset):
-            if previous is not None and t.offset < previous.offset + previous.nbytes:
-                raise cur.fail(
-                    f"tensor {t.name} (bytes {t.offset}..{t.offset + t.nbytes}) overlaps tensor "
-                    f"{previous.name} (bytes {previous.offset}..{previous.offset + previous.nbytes})",
-                    t.info_offset,
-                )
-            previous = t
+        with_data = np.flatnonzero(sizes)
+        by_start = with_data[np.argsort(starts[with_data], kind="stable")]
+        clash = np.flatnonzero(starts[by_start][1:] < ends[by_start][:-1])
+        if clash.size:
+            previous, t = self.tensors[int(by_start[clash[0]])], self.tensors[int(by_start[clash[0] + 1])]
+            raise cur.fail(
+                f"tensor {t.name} (bytes {t.offset}..{t.offset + t.nbytes}) overlaps tensor "
+                f"{previous.name} (bytes {previous.offset}..{previous.offset + previous.nbytes})",
+                t.info_offset,
+            )

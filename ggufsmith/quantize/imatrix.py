@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.constants import GGMLType, GGUFValueType, Keys
+from ggufsmith.constants import GGUF_INTEGER_TYPES, GGMLType, GGUFValueType, Keys
 from ggufsmith.errors import GGUFError, QuantizationError
 
 IMATRIX_GENERAL_TYPE = "imatrix"
@@ -95,6 +95,10 @@ def _read_gguf(path: Path) -> ImportanceMatrix:
                 f"{path}: a GGUF file without imatrix.datasets/chunk_count/chunk_size is not an importance matrix "
                 "(llama-quantize refuses it too)"
             )
+        datasets = md[Keys.Imatrix.DATASETS]
+        if datasets.type != GGUFValueType.ARRAY or datasets.element_type != GGUFValueType.STRING:
+            raise QuantizationError(f"{path}: {Keys.Imatrix.DATASETS} must be an array of strings, not {datasets.type.name}")
+        chunk_count, chunk_size = (_integer(path, md, key) for key in (Keys.Imatrix.CHUNK_COUNT, Keys.Imatrix.CHUNK_SIZE))
         pairs: dict[str, dict[str, np.ndarray]] = {}
         for t in reader.tensors:
             for suffix, part in ((_SUMS_SUFFIX, "sums"), (_COUNTS_SUFFIX, "counts")):
@@ -108,19 +112,42 @@ def _read_gguf(path: Path) -> ImportanceMatrix:
         for name, pair in sorted(pairs.items()):
             if len(pair) != 2:
                 raise QuantizationError(f"{path}: {name} has {'sums' if 'sums' in pair else 'counts'} but not the other")
-            entries[name] = _normalize_gguf(pair["sums"], pair["counts"])
-        datasets = md.get(Keys.Imatrix.DATASETS) or []
+            entries[name] = _normalize_gguf(path, name, pair["sums"], pair["counts"])
         return ImportanceMatrix(
-            entries, [str(d) for d in datasets], int(md.get(Keys.Imatrix.CHUNK_COUNT)), int(md.get(Keys.Imatrix.CHUNK_SIZE)),
-            is_legacy=False,
+            entries, [_text(d) for d in datasets.value], chunk_count, chunk_size, is_legacy=False,
         )
 
 
-def _normalize_gguf(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+def _integer(path: Path, md, key: str) -> int:
+    item = md[key]
+    if item.type not in GGUF_INTEGER_TYPES:
+        raise QuantizationError(f"{path}: {key} must be an integer, not {item.type.name}")
+    return int(item.value)
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+def _check_values(path: Path, name: str, values: np.ndarray, what: str) -> None:
+    """Sums of squared activations (and their counts) are finite and never negative; anything else
+    would turn into NaN or negative weights inside the quantizer's searches."""
+    bad = ~np.isfinite(values) | (values < 0)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise QuantizationError(
+            f"{path}: entry {name}: {what} {first} is {values[first]}; an importance matrix holds finite, "
+            "non-negative values (the file is damaged)"
+        )
+
+
+def _normalize_gguf(path: Path, name: str, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    if counts.size == 0 or sums.size % counts.size:
+        raise QuantizationError(f"{path}: entry {name}: {sums.size} sums cannot be split into {counts.size} matrices")
+    _check_values(path, name, sums, "sum")
+    _check_values(path, name, counts, "count")
     # llama.cpp rounds the stored float counts to integers, then divides in float32.
     counts = np.rint(counts.astype(np.float64)).astype(np.float32)
-    if counts.size == 0 or sums.size % counts.size:
-        raise QuantizationError(f"{sums.size} sums cannot be split into {counts.size} matrices")
     per_matrix = sums.reshape(counts.size, -1)
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(counts[:, None] > 0, per_matrix / np.where(counts > 0, counts, 1)[:, None], np.float32(1))
@@ -156,6 +183,7 @@ def _read_legacy(path: Path) -> ImportanceMatrix:
         if values is None:
             raise QuantizationError(f"{path}: truncated legacy imatrix file in entry {name}")
         pos += 4 * nval
+        _check_values(path, name, values, "value")
         entries[name] = (values / np.float32(ncall)).astype(np.float32) if ncall > 0 else values
     chunk_count, datasets = 0, []
     if pos < len(data):

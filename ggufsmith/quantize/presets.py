@@ -46,6 +46,22 @@ PRESETS: dict[str, Preset] = {
         Preset("Q5_K_S", FileType.MOSTLY_Q5_K_S, T.Q5_K),
         Preset("Q5_K_M", FileType.MOSTLY_Q5_K_M, T.Q5_K),
         Preset("Q6_K", FileType.MOSTLY_Q6_K, T.Q6_K),
+        Preset("IQ4_NL", FileType.MOSTLY_IQ4_NL, T.IQ4_NL),
+        Preset("IQ4_XS", FileType.MOSTLY_IQ4_XS, T.IQ4_XS),
+        Preset("TQ1_0", FileType.MOSTLY_TQ1_0, T.TQ1_0),
+        Preset("TQ2_0", FileType.MOSTLY_TQ2_0, T.TQ2_0),
+        Preset("Q1_0", FileType.MOSTLY_Q1_0, T.Q1_0),
+        Preset("Q2_0", FileType.MOSTLY_Q2_0, T.Q2_0),
+        Preset("IQ3_XXS", FileType.MOSTLY_IQ3_XXS, T.IQ3_XXS),
+        Preset("IQ3_XS", FileType.MOSTLY_IQ3_XS, T.IQ3_S),
+        Preset("IQ3_S", FileType.MOSTLY_IQ3_S, T.IQ3_S),
+        Preset("IQ3_M", FileType.MOSTLY_IQ3_M, T.IQ3_S),
+        Preset("IQ2_XXS", FileType.MOSTLY_IQ2_XXS, T.IQ2_XXS),
+        Preset("IQ2_XS", FileType.MOSTLY_IQ2_XS, T.IQ2_XS),
+        Preset("IQ2_S", FileType.MOSTLY_IQ2_S, T.IQ2_XS),
+        Preset("IQ2_M", FileType.MOSTLY_IQ2_M, T.IQ2_S),
+        Preset("IQ1_S", FileType.MOSTLY_IQ1_S, T.IQ1_S),
+        Preset("IQ1_M", FileType.MOSTLY_IQ1_M, T.IQ1_M),
     ]
 }
 
@@ -130,11 +146,15 @@ def allows_quantization(name: str, n_dims: int, options: QuantizeOptions) -> boo
     return not re.search(r"time_mix_(first|w[012]|v[012]|a[012]|g[12]|decay_w[12]|lerp_fused)\.weight", name)
 
 
+# Types llama-quantize refuses to make (but for token_embd and output) without an importance matrix.
+_NEED_IMATRIX = (T.IQ3_XXS, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ1_M, T.IQ1_S)
+
+
 def requires_importance(name: str, ggml_type: GGMLType, preset: Preset) -> bool:
     """llama.cpp refuses to make these without an importance matrix: the result would be garbage."""
     if _category(name) in ("token_embd", "output"):
         return False
-    return ggml_type == T.Q2_K and preset.name == "Q2_K_S"
+    return ggml_type in _NEED_IMATRIX or (ggml_type == T.Q2_K and preset.name == "Q2_K_S")
 
 
 def _category(name: str) -> str:
@@ -162,14 +182,38 @@ def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
+# llama.cpp's fallbacks for types whose blocks of 256 do not fit a row; a type of blocks of 32 or
+# less stays as it is (and becomes F16 below if even that does not fit).
+_FALLBACKS = {
+    T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0,
+    T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0, T.Q2_0: T.Q4_0,
+    T.IQ1_S: T.IQ4_NL, T.IQ1_M: T.IQ4_NL, T.IQ2_XXS: T.IQ4_NL, T.IQ2_XS: T.IQ4_NL, T.IQ2_S: T.IQ4_NL,
+    T.IQ3_XXS: T.IQ4_NL, T.IQ3_S: T.IQ4_NL, T.IQ4_XS: T.IQ4_NL,
+}
+
+
 def _fallback(row_length: int, ggml_type: GGMLType) -> GGMLType:
     """A type whose block fits the row length, as llama.cpp falls back (K-quants need rows of 256)."""
     if row_length % GGML_TYPE_LAYOUT[ggml_type].block_size == 0:
         return ggml_type
-    fallback = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}.get(ggml_type, ggml_type)
+    fallback = _FALLBACKS.get(ggml_type)
+    if fallback is None:
+        if GGML_TYPE_LAYOUT[ggml_type].block_size > 32:  # llama.cpp throws too
+            raise QuantizationError(
+                f"no fallback type for {ggml_type.name} on rows of {row_length} values (not a multiple of "
+                f"{GGML_TYPE_LAYOUT[ggml_type].block_size}); choose another type for this tensor with --tensor-type"
+            )
+        fallback = ggml_type
     if row_length % GGML_TYPE_LAYOUT[fallback].block_size:
         return T.F16
     return fallback
+
+
+# The presets below 2.5 bits per weight, which share one set of rules in llama.cpp.
+_LOWEST_BIT = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M")
+_ATTN_OUTPUT_Q5_K_WITH_8_EXPERTS = (
+    "Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S", "IQ3_M", "IQ4_XS",
+)
 
 
 class TypeChooser:
@@ -181,8 +225,11 @@ class TypeChooser:
         self.ftype = options.preset.name
         self.tied_embeddings = "output.weight" not in tensor_names
         self.n_attention_wv = sum(_category(n) == "attn_v" for n in tensor_names)
+        self.n_ffn_down = sum(_category(n) == "ffn_down" for n in tensor_names)
         self.i_attention_wv = 0
         self.i_ffn_down = 0
+        self.i_ffn_gate = 0
+        self.i_ffn_up = 0
         self.patterns = [(re.compile(p), t) for p, t in options.tensor_types]
         self.n_fallback = 0
 
@@ -216,9 +263,17 @@ class TypeChooser:
                 return self.options.output_tensor_type
             if falcon or int(shape[-1]) % GGML_TYPE_LAYOUT[new_type].block_size:
                 return T.Q8_0
+            if ftype in _LOWEST_BIT or ftype == "IQ3_XXS":
+                return T.Q5_K
             return new_type if new_type == T.Q8_0 else T.Q6_K
         if category == "token_embd":
-            return new_type
+            if ftype in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+                return T.Q2_K
+            if ftype in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+                return T.IQ3_S
+            return T.Q4_K if ftype in ("TQ1_0", "TQ2_0", "Q2_0") else new_type
+        if ftype in _LOWEST_BIT:
+            return self._lowest_bit_rule(name, category, new_type)
         if category == "attn_v":
             i, n = self.i_attention_wv, self.n_attention_wv
             self.i_attention_wv += 1
@@ -226,9 +281,17 @@ class TypeChooser:
                 new_type = T.Q4_K if f.n_gqa >= 4 else T.Q3_K
             elif ftype == "Q2_K_S" and f.n_gqa >= 4:
                 new_type = T.Q4_K
+            elif ftype == "IQ3_XXS":
+                new_type = T.Q4_K if f.n_gqa >= 4 else T.IQ3_XXS if self.options.has_imatrix else T.IQ3_S
+            elif ftype in ("IQ3_XS", "IQ3_S") and f.n_gqa >= 4:
+                new_type = T.Q4_K
+            elif ftype == "IQ3_M":
+                new_type = T.Q4_K
             elif ftype == "Q3_K_M":
                 new_type = T.Q5_K if i < 2 else T.Q4_K
             elif ftype == "Q3_K_L":
+                new_type = T.Q5_K
+            elif ftype in ("IQ4_NL", "IQ4_XS") and f.n_gqa >= 4:
                 new_type = T.Q5_K
             elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
                 new_type = T.Q6_K
@@ -240,7 +303,11 @@ class TypeChooser:
                 new_type = T.Q8_0
             return new_type
         if category == "attn_k":
-            return T.Q8_0 if f.n_expert == 8 else new_type
+            if f.n_expert == 8:
+                return T.Q8_0
+            return {"IQ3_XS": T.IQ3_XXS, "IQ3_XXS": T.IQ2_S}.get(ftype, new_type)
+        if category == "attn_q":
+            return {"IQ3_XS": T.IQ3_XXS, "IQ3_XXS": T.IQ2_S}.get(ftype, new_type)
         if category == "ffn_down":
             i, n = self._layer_of(name, self.i_ffn_down)
             self.i_ffn_down += 1
@@ -248,16 +315,22 @@ class TypeChooser:
                 return T.Q3_K
             if ftype == "Q2_K_S":
                 return T.Q4_K if i < n // 8 else new_type
+            if ftype == "IQ3_XXS" and not self.options.has_imatrix:
+                return T.Q4_K if i < n // 8 else T.Q3_K
             if ftype == "Q3_K_M":
                 if i < n // 16:
                     return T.Q5_K
                 return T.Q4_K if not falcon or _use_more_bits(i, n) else T.Q3_K
+            if ftype == "IQ3_M" and (i < n // 8 or (f.n_expert == 8 and _use_more_bits(i, n))):
+                return T.Q4_K
             if ftype == "Q3_K_L":
                 return T.Q4_K if falcon else T.Q5_K
             if ftype == "Q4_K_M":
                 if falcon:
                     return T.Q6_K if i < n // 16 else T.Q5_K if _use_more_bits(i, n) else T.Q4_K
                 return T.Q6_K if _use_more_bits(i, n) else new_type
+            if ftype in ("IQ4_NL", "IQ4_XS") and not self.options.has_imatrix and i < n // 8:
+                return T.Q5_K
             if ftype == "Q5_K_M" and _use_more_bits(i, n):
                 return T.Q6_K
             if ftype == "Q4_K_S" and not falcon and i < n // 8:
@@ -269,8 +342,39 @@ class TypeChooser:
             if falcon:
                 return T.Q4_K if ftype == "Q3_K_L" else new_type
             if f.n_expert == 8:
-                return T.Q5_K if ftype in ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_S", "Q4_K_M") else new_type
-            return {"Q2_K": T.Q3_K, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K}.get(ftype, new_type)
+                return T.Q5_K if ftype in _ATTN_OUTPUT_Q5_K_WITH_8_EXPERTS else new_type
+            return {"Q2_K": T.Q3_K, "IQ3_XXS": T.IQ3_S, "Q3_K_M": T.Q4_K, "Q3_K_L": T.Q5_K, "IQ3_M": T.Q4_K}.get(ftype, new_type)
+        if category in ("ffn_gate", "ffn_up"):
+            counter = "i_" + category
+            i, n = self._layer_of(name, getattr(self, counter))
+            setattr(self, counter, getattr(self, counter) + 1)
+            if ftype == "IQ3_XS" and n // 8 <= i < 7 * n // 8:
+                return T.IQ3_XXS
+        return new_type
+
+    def _lowest_bit_rule(self, name: str, category: str, new_type: GGMLType) -> GGMLType:
+        """llama.cpp's rules for IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ1_S and IQ1_M."""
+        f, ftype = self.facts, self.ftype
+        iq2_s = ftype in ("IQ2_S", "IQ2_M")
+        if category == "attn_v":
+            self.i_attention_wv += 1
+            if f.n_gqa >= 4 or f.n_expert >= 4:
+                return T.Q4_K
+            return T.IQ3_S if iq2_s else T.Q2_K
+        if category == "attn_k" and f.n_expert == 8:
+            return T.Q4_K
+        if category == "ffn_down":
+            i = self.i_ffn_down
+            self.i_ffn_down += 1
+            if i < self.n_ffn_down // 8:
+                return T.IQ3_S if iq2_s else T.Q2_K
+            return new_type
+        if category == "attn_output":
+            if f.n_expert == 8:
+                return T.Q5_K
+            if ftype in ("IQ1_S", "IQ1_M"):
+                return T.IQ2_XXS
+            return T.IQ3_S if iq2_s else new_type
         return new_type
 
     def _layer_of(self, name: str, counter: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ class QuantFormat:
     quantize_rows: QuantizeRows
     dequantize_rows: DequantizeRows
     supports_importance: bool = False  # accepts llama.cpp imatrix weights
+    requires_importance: bool = False  # ggml refuses to quantize it without them (IQ2_XXS, IQ2_XS, IQ1_S)
     checks_finite: bool = True  # NaN/Inf are rejected (block types); float types keep them
     # Input elements per quantize_rows call, if not CHUNK_ELEMENTS: for a type whose per-call cost
     # has a large fixed part (Q3_K's iterative sweeps).
@@ -104,6 +105,10 @@ def quantize(array: np.ndarray, ggml_type: GGMLType | int | str, importance: np.
     if row_length % fmt.block_size:
         raise QuantizationError(
             f"{fmt.ggml_type.name} needs rows of a multiple of {fmt.block_size} elements; this tensor's rows have {row_length}"
+        )
+    if importance is None and fmt.requires_importance:
+        raise QuantizationError(
+            f"{fmt.ggml_type.name} needs an importance matrix (llama.cpp's imatrix) to quantize; none was given"
         )
     if importance is not None:
         if not fmt.supports_importance:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.constants import GGMLType, Keys
+from ggufsmith.constants import GGUF_INTEGER_TYPES, GGMLType, GGUFValueType, Keys, arch_key
 from ggufsmith.readers.safetensors import RowSlicedTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -24,6 +24,9 @@ from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor
 from ggufsmith.quantize import dequantize
 
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# The keys `quantize` reads as integers; the {arch}.* ones may be per-layer arrays of integers.
+_INTEGER_KEYS = (Keys.General.FILE_TYPE, Keys.Split.COUNT)
+_ARCH_INTEGER_KEYS = (Keys.LLM.BLOCK_COUNT, Keys.LLM.EXPERT_COUNT, Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV)
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,20 @@ def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor
         return t.data[start * row_bytes : stop * row_bytes]
 
     def rows(start: int, stop: int) -> np.ndarray:
-        return dequantize(raw(start, stop), t.ggml_type, (stop - start, row_length))
+        return _finite(dequantize(raw(start, stop), t.ggml_type, (stop - start, row_length)), f"rows {start} to {stop - 1}")
+
+    def whole() -> np.ndarray:
+        return _finite(t.to_float32(), "its values")
+
+    def _finite(values: np.ndarray, where: str) -> np.ndarray:
+        # A NaN or infinity would be quantized into a block llama.cpp's loader rejects (or that
+        # computes NaN): refuse it here, naming the tensor, as llama-quantize refuses it.
+        if not np.isfinite(values).all():
+            raise ConversionError(f"{path}: tensor {t.name} has NaN or infinite values in {where}; the model is damaged")
+        return values
 
     return GGUFTensor(
-        shape=t.shape, dtype=t.ggml_type.name, loader=t.to_float32, source=f"{path.name}:{t.name}",
+        shape=t.shape, dtype=t.ggml_type.name, loader=whole, source=f"{path.name}:{t.name}",
         rows_loader=rows, stored_type=t.ggml_type, raw_loader=raw, split_index=split_index,
     )
 
@@ -88,11 +101,31 @@ def split_paths(path: Path, count: int) -> list[Path]:
     return [path.with_name(f"{m.group('prefix')}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
 
 
+def check_metadata_types(path: Path, metadata: Metadata) -> None:
+    """The keys `quantize` reads have the types llama.cpp reads them as (it refuses other types)."""
+    arch = metadata[Keys.General.ARCHITECTURE] if Keys.General.ARCHITECTURE in metadata else None
+    if arch is not None and arch.type != GGUFValueType.STRING:
+        raise ConversionError(f"{path}: metadata {Keys.General.ARCHITECTURE} is {_type_name(arch)}, not a STRING; the file is damaged")
+    arch_keys = [arch_key(k, str(arch.value)) for k in _ARCH_INTEGER_KEYS] if arch is not None else []
+    for key in [*_INTEGER_KEYS, *arch_keys]:
+        if key not in metadata:
+            continue
+        item = metadata[key]
+        per_layer = key in arch_keys and item.type == GGUFValueType.ARRAY and item.element_type in GGUF_INTEGER_TYPES
+        if item.type not in GGUF_INTEGER_TYPES and not per_layer:
+            raise ConversionError(f"{path}: metadata {key} is {_type_name(item)}, not an integer; the file is damaged")
+
+
+def _type_name(item) -> str:
+    return item.type.name if item.type != GGUFValueType.ARRAY else f"an ARRAY of {item.element_type.name}"
+
+
 def open_gguf_model(path: str | os.PathLike) -> GGUFModel:
     path = Path(path)
     stack = ExitStack()
     try:
         first = stack.enter_context(GGUFReader(path))
+        check_metadata_types(path, first.metadata)
         count = int(first.metadata.get(Keys.Split.COUNT, 1) or 1)
         readers = [first]
         if count > 1:
