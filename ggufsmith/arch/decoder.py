@@ -111,13 +111,10 @@ SPARSE = "bid >= n_layer_dense_lead"
 ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)
 
 
-def expert_keys(keys: ArchKeys, c: HFConfig, *, shared: str | None = None) -> None:
-    """expert_count and expert_used_count, and expert_shared_feed_forward_length from the config
-    name `shared` (absent or 0: no shared expert)."""
-    keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_experts", "num_local_experts", "moe_num_experts", min=1))
-    keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", "moe_k", "moe_topk", min=1))
-    if shared is not None and c.get_int(shared, default=0, min=0):
-        keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, c.get_int(shared, min=1))
+def expert_keys(keys: ArchKeys, c: HFConfig) -> None:
+    """expert_count and expert_used_count, under the config names transformers' MoE families use."""
+    keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_experts", "num_local_experts", min=1))
+    keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1))
 
 
 def reject_routing(c: HFConfig, *, normalizes_top_k: bool, arch: str, default: bool = False) -> None:
