@@ -215,6 +215,16 @@ class FileType(IntEnum):
     GUESSED = 1024
 
 
+class ExpertGatingFunc(IntEnum):
+    """Values of {arch}.expert_gating_func: how a MoE router's logits become expert scores
+    (llama.cpp's llama_expert_gating_func_type)."""
+
+    SOFTMAX = 1
+    SIGMOID = 2
+    SOFTMAX_WEIGHT = 3
+    SQRT_SOFTPLUS = 4
+
+
 class TokenType(IntEnum):
     """Values of tokenizer.ggml.token_type."""
 
@@ -224,14 +234,6 @@ class TokenType(IntEnum):
     USER_DEFINED = 4
     UNUSED = 5
     BYTE = 6
-
-
-class ExpertGatingFunc(IntEnum):
-    """{arch}.expert_gating_func: how the router's logits become expert scores (llama.cpp's
-    llama_expert_gating_func_type)."""
-
-    SOFTMAX = 1
-    SIGMOID = 2
 
 
 class Keys:
@@ -406,6 +408,13 @@ class Keys:
     class RWKV:
         ARCHITECTURE_VERSION = "{arch}.architecture_version"
         RESCALE_EVERY_N_LAYERS = "{arch}.rescale_every_n_layers"
+
+    class XIELU:
+        """Apertus' xIELU activation, one value per block; llama.cpp's names carry no architecture."""
+        ALPHA_N = "xielu.alpha_n"
+        ALPHA_P = "xielu.alpha_p"
+        BETA = "xielu.beta"
+        EPS = "xielu.eps"
 
     class Whisper:
         ENCODER_CONTEXT_LENGTH = "{arch}.encoder.context_length"

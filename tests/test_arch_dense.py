@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
-from tests.tokenizer_helpers import train_bpe, train_sentencepiece
+from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry, train_sentencepiece, write_tokenizer_config
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -39,13 +40,32 @@ COMMON = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_at
               vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
-def variant(config_class, model_class, arch, style, gelu=False, differences=None, **fields):
-    """differences: keys where our file differs from convert_hf_to_gguf.py's for this variant, with
-    the reason; None instead of a dict: the reference cannot convert the variant (the reason)."""
+def variant(config_class, model_class, arch, style, gelu=False, differences=None, tokenizer_config=None,
+            specials=None, generation_eos=(), **fields):
+    """style: a BPE_STYLES name, "sentencepiece", "phi3", or with `specials` (train_bpe_for_table_entry's
+    specials and eos) an entry of our pre-tokenizer table. differences: keys where our file differs
+    from convert_hf_to_gguf.py's for this variant, with the reason; None instead of a dict: the
+    reference cannot convert the variant (the reason). tokenizer_config: entries written into
+    tokenizer_config.json after training; generation_eos: the texts of generation_config.json's eos ids."""
     return dict(config_class=config_class, model_class=model_class, arch=arch, style=style, gelu=gelu,
-                differences={} if differences is None else differences, fields=dict(COMMON, **fields))
+                differences={} if differences is None else differences, tokenizer_config=tokenizer_config or {},
+                specials=specials, generation_eos=generation_eos, fields=dict(COMMON, **fields))
 
 
+PHI3_CHAT = ("<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>")  # added after the SentencePiece vocabulary
+PHI3_END = VOCAB + PHI3_CHAT.index("<|end|>")
+PHI3_DIFFERENCES = {"tokenizer.ggml.scores": "<unk>'s score is sentencepiece's (0); the reference's Phi-3 converter "
+                                             "sets -1000 for every token listed in added_tokens_decoder, <unk> "
+                                             "included (a score llama.cpp never uses for an unknown token)"}
+GLM4_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>")
+GLM4_GENERATION_EOS = ("<|endoftext|>", "<|user|>", "<|observation|>")  # as GLM-4-0414's generation_config.json
+GLM4_DIFFERENCES = {"tokenizer.ggml.unknown_token_id": "the reference names <|endoftext|> as unk; a byte-level BPE "
+                                                       "has no unknown token and we name none"}
+TEKKEN_DIFFERENCES = {"tokenizer.ggml.seperator_token_id": "the reference names the <s> of the test tokenizer's pair "
+                                                         "template a separator, which llama.cpp never adds "
+                                                         "(add_sep_token false)"}
+MINISTRAL3_ROPE = dict(rope_type="yarn", rope_theta=1e6, factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                       original_max_position_embeddings=16, mscale=1.0, mscale_all_dim=0.7, llama_4_scaling_beta=0.1)
 STABLELM_DIFFERENCES = {"stablelm.rope.freq_base": "the reference omits it, which is right only for rope_theta 10000"}
 
 
@@ -87,11 +107,59 @@ MODELS = {
                        logit_scale=0.25, sliding_window=8, layer_norm_eps=1e-5,
                        differences="convert_hf_to_gguf.py (0.3.36) fails on transformers 5 Cohere2 configs "
                                    "(KeyError: 'rotary_pct', now in rope_parameters)"),
+    # Phi-3 mini: fused qkv and gate/up, a Llama 2 SentencePiece with Phi-3's chat tokens, sliding_window
+    "phi3": variant("Phi3Config", "Phi3ForCausalLM", "phi3", "phi3", bos_token_id=1, eos_token_id=PHI3_END,
+                    sliding_window=2047, differences=TOKENIZER_KEY_DIFFERENCES | PHI3_DIFFERENCES),
+    # Phi-4-mini: LongRoPE (short factors within original_max_position_embeddings, checked against
+    # transformers' rope for the long ones too), partial rotary, tied embeddings, a GPT-2-class BPE
+    "phi4-mini": variant("Phi3Config", "Phi3ForCausalLM", "phi3", "gpt-4o", tokenizer_config={"tokenizer_class": "GPT2Tokenizer"},
+                         tie_word_embeddings=True, max_position_embeddings=1024, original_max_position_embeddings=256,
+                         rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                                              long_factor=[5.1, 8.6, 2.2, 8.6, 3.5, 4.4],
+                                              short_factor=[1.41, 1.2, 1.28, 1.01, 1.38, 1.27])),
+    # GLM-4-0414: q/k/v biases, fused gate/up, post-attention and post-MLP norms, half-rotated heads
+    # (Glm4Config's default), its eos/eot from generation_config.json
+    "glm4": variant("Glm4Config", "Glm4ForCausalLM", "glm4", "glm4", attention_bias=True, head_dim=16,
+                    specials=dict(specials=GLM4_SPECIALS, eos="<|endoftext|>"), generation_eos=GLM4_GENERATION_EOS,
+                    differences=GLM4_DIFFERENCES),
+    # EXAONE 4.0 32B style: post-norms only, q/k norms, 64 blocks (the depth at which llama.cpp runs
+    # its sliding window: 3 of 4 layers, the others without rope), llama3 rope scaling
+    "exaone4": variant("Exaone4Config", "Exaone4ForCausalLM", "exaone4", "exaone4", num_hidden_layers=64,
+                       specials=dict(specials=("[PAD]", "[BOS]", "[|endofturn|]"), eos="[|endofturn|]"),
+                       bos_token_id=1, eos_token_id=2, sliding_window=8, sliding_window_pattern=4,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=64)),
+    # Ministral 3: yarn (mscale_all_dim as llama.cpp's yarn_log_multiplier) and Llama 4's attention
+    # temperature, both at work within the prompt (original context 16)
+    "ministral3": variant("Ministral3Config", "Ministral3ForCausalLM", "mistral3", "tekken", head_dim=16,
+                          bos_token_id=1, eos_token_id=2,
+                          rope_parameters=MINISTRAL3_ROPE, differences=TEKKEN_DIFFERENCES),
+    # Ministral 3 with vision (Mistral3ForConditionalGeneration): its language model, the Pixtral
+    # tower and projector left out
+    "mistral3-vision": variant("Mistral3Config", "Mistral3ForConditionalGeneration", "mistral3", "tekken",
+                               differences=TEKKEN_DIFFERENCES) | {"fields": dict(
+        text_config=dict(COMMON, model_type="ministral3", head_dim=16, bos_token_id=1, eos_token_id=2,
+                         rope_parameters=MINISTRAL3_ROPE),
+        vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=16, image_size=32, patch_size=16),
+        image_token_index=10)},
+    # transformers' Ministral (sliding window on every layer, wider than the prompt): llama's layout
+    "ministral": variant("MinistralConfig", "MinistralForCausalLM", "llama", "tekken", head_dim=16, bos_token_id=1, eos_token_id=2,
+                         sliding_window=4096,
+                         differences="convert_hf_to_gguf.py (0.3.36) has no MinistralForCausalLM "
+                                     "(Ministral-8B is published as MistralForCausalLM, which it converts as llama)"),
+    # Apertus: xIELU MLP (per-block parameters as array keys), q/k norms, llama3 rope
+    "apertus": variant("ApertusConfig", "ApertusForCausalLM", "apertus", "tekken", bos_token_id=1, eos_token_id=2,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=64),
+                       differences=TEKKEN_DIFFERENCES),
 }
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    from transformers import AutoTokenizer
+
     root = tmp_path_factory.mktemp("dense")
     out = {}
     for kind, spec in MODELS.items():
@@ -101,12 +169,35 @@ def models(tmp_path_factory):
             # as ERNIE 4.5's tokenizer_config.json says (and what transformers 5 does for this config)
             config = json.loads((model_dir / "tokenizer_config.json").read_text())
             (model_dir / "tokenizer_config.json").write_text(json.dumps(config | {"add_prefix_space": False}))
+        elif spec["style"] == "phi3":
+            train_phi3_tokenizer(model_dir)
+        elif spec["specials"]:
+            train_bpe_for_table_entry(model_dir, spec["style"], vocab_size=VOCAB, **spec["specials"])
         else:
             train_bpe(model_dir, spec["style"], vocab_size=VOCAB)
+        write_tokenizer_config(model_dir, **spec["tokenizer_config"])
         build_model(spec["config_class"], spec["model_class"], model_dir, **spec["fields"])
+        if spec["generation_eos"]:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            eos_ids = [tokenizer.convert_tokens_to_ids(text) for text in spec["generation_eos"]]
+            (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": eos_ids}))
         ids = prompt_ids(model_dir)
         out[kind] = model_dir, ids, hf_logits(model_dir, spec["model_class"], ids)
     return out
+
+
+def train_phi3_tokenizer(model_dir):
+    """Phi-3's: Llama 2's SentencePiece (<unk> <s> </s> first) and its chat tokens added after it,
+    <|end|> the eos. (llama.cpp's vocabulary loader looks <|endoftext|> up in any model named Phi-3.)"""
+    from transformers import AutoTokenizer
+
+    train_sentencepiece(model_dir, vocab_size=VOCAB, control_symbols=[], user_defined_symbols=[])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(PHI3_CHAT)})
+    tokenizer.eos_token = "<|end|>"
+    tokenizer.save_pretrained(model_dir)
+    write_tokenizer_config(model_dir, legacy=True)
+    assert tokenizer.convert_tokens_to_ids("<|end|>") == PHI3_END
 
 
 @pytest.fixture(scope="module")
@@ -142,12 +233,15 @@ def test_architecture_and_tokenizer(models, converted, kind):
     path = converted(kind, "f32")
     reader = gguf.GGUFReader(path)
     assert reader.fields["general.architecture"].contents() == MODELS[kind]["arch"]
+    # transformers' tokenizer converted from Phi-3's legacy SentencePiece splits a leading space
+    # differently from sentencepiece itself (see tests/test_tokenizer_gemma_phi3.py)
+    text = CHECK_TEXT.lstrip() if MODELS[kind]["style"] == "phi3" else CHECK_TEXT
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     try:
-        ours = llm.tokenize(CHECK_TEXT.encode("utf-8"), add_bos=False, special=False)
+        ours = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
     finally:
         llm.close()
-    assert ours == AutoTokenizer.from_pretrained(models[kind][0]).encode(CHECK_TEXT, add_special_tokens=False)
+    assert ours == AutoTokenizer.from_pretrained(models[kind][0]).encode(text, add_special_tokens=False)
 
 
 # Tokenizer keys ggufsmith writes where the reference leaves them out: llama.cpp finds the same ids
@@ -177,7 +271,7 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
 # reads (transformers/integrations/ggml.py). Not qwen3: the loader ignores attention.key_length, so
 # it cannot build a Qwen3 whose head size is not hidden/heads (our variant, and Qwen3-0.6B), whoever
 # converted the file.
-@pytest.mark.parametrize("kind", ["qwen2", "stablelm", "starcoder2"])
+@pytest.mark.parametrize("kind", ["qwen2", "stablelm", "starcoder2", "phi3"])
 def test_transformers_gguf_loader_gives_the_original_logits(models, converted, kind, tmp_path):
     import numpy as np
     import torch
@@ -190,3 +284,62 @@ def test_transformers_gguf_loader_gives_the_original_logits(models, converted, k
     with torch.no_grad():
         got = model(torch.tensor([ids])).logits[0].float().numpy()
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("kind", [k for k, spec in MODELS.items() if spec["fields"].get("rope_parameters", {}).get("rope_type") == "longrope"])
+def test_longrope_factors_match_transformers(models, converted, kind):
+    """Both LongRoPE factor sets and the attention factor in our file give transformers' own rope
+    (its longrope init for a prompt within and one beyond original_max_position_embeddings): the
+    logits test sees only the short set."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    fields = {f.name: f.contents() for f in gguf.GGUFReader(converted(kind, "f32")).fields.values()}
+    tensors = {t.name: np.array(t.data) for t in gguf.GGUFReader(converted(kind, "f32")).tensors}
+    arch = MODELS[kind]["arch"]
+    n_rot, base = fields[f"{arch}.rope.dimension_count"], fields[f"{arch}.rope.freq_base"]
+    original = fields[f"{arch}.rope.scaling.original_context_length"]
+    config = AutoConfig.from_pretrained(models[kind][0])
+    for name, seq_len in (("rope_factors_short.weight", original), ("rope_factors_long.weight", original + 1)):
+        expected, attention_scaling = ROPE_INIT_FUNCTIONS["longrope"](config, torch.device("cpu"), seq_len=seq_len)
+        ours = 1.0 / (tensors[name] * base ** (np.arange(0, n_rot, 2) / n_rot))
+        np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6, err_msg=name)
+        assert fields[f"{arch}.rope.scaling.attn_factor"] == pytest.approx(attention_scaling, rel=1e-6)
+    assert not np.allclose(tensors["rope_factors_short.weight"], tensors["rope_factors_long.weight"])
+
+
+def test_exaone4_multi_token_prediction_left_out_with_a_notice(models, converted, tmp_path, caplog):
+    """EXAONE checkpoints with MTP layers (mtp.*): converted without them, one warning naming them."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder = shutil.copytree(models["exaone4"][0], tmp_path / "exaone4-mtp")
+    weights = load_file(folder / "model.safetensors")
+    hidden = COMMON["hidden_size"]
+    weights |= {"mtp.fc.weight": np.ones((hidden, 2 * hidden), np.float32),
+                "mtp.layers.0.input_layernorm.weight": np.ones(hidden, np.float32)}
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        ggufsmith.convert(folder, tmp_path / "mtp.gguf", outtype="f32")
+    assert [r.getMessage() for r in caplog.records if "mtp." in r.getMessage()] != []
+    ours = [t.name for t in gguf.GGUFReader(tmp_path / "mtp.gguf").tensors]
+    assert ours == [t.name for t in gguf.GGUFReader(converted("exaone4", "f32")).tensors]
+
+
+def test_glm4_config_without_head_dim_and_rotary_fraction_gets_glm4configs_defaults():
+    """GLM-4 configs that leave out head_dim and partial_rotary_factor: transformers' Glm4Config fills
+    in its own values (not hidden/heads, not a whole head), and so must the keys."""
+    from transformers import Glm4Config
+
+    from ggufsmith.arch.glm4 import Glm4
+    from ggufsmith.readers.config import HFConfig
+
+    fields = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=2, num_hidden_layers=2,
+                  intermediate_size=1024, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0)
+    reference = Glm4Config(**fields)
+    keys = {k: v.plain() for k, v in Glm4(HFConfig(fields)).metadata().items()}
+    assert keys["glm4.attention.key_length"] == reference.head_dim != fields["hidden_size"] // fields["num_attention_heads"]
+    rotated = int(reference.head_dim * reference.rope_parameters["partial_rotary_factor"])
+    assert keys["glm4.rope.dimension_count"] == rotated < reference.head_dim

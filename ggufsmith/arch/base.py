@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ggufsmith.constants import GGUFValueType, arch_key
 from ggufsmith.arch.tensors import Split, T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
@@ -131,6 +133,10 @@ class Architecture:
     # Values the family's transformers config class fills in for keys config.json leaves out (the
     # Hub's Gemma 3 text_config gives only what differs from them); self.config has them.
     config_defaults: ClassVar[Mapping[str, Any]] = {}
+    # HF tensors of one number per block that llama.cpp reads as metadata, not as tensors (Apertus'
+    # xIELU parameters): HF pattern with {bid} -> a name. read_scalars() loads them before planning
+    # (the pipeline calls it) into self.scalars[name], one float per block; they are not mapped.
+    scalar_tensors: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: HFConfig) -> None:
         # config.json as a whole, and the config of the model converted (its text_config section
@@ -141,6 +147,24 @@ class Architecture:
         if self.config_defaults:
             self.config = self.config.with_defaults(self.config_defaults)
         self._skipped_notice = ""  # what map_tensors left out of a multimodal checkpoint, told by check()
+        self.scalars: dict[str, list[float]] = {}
+
+    def read_scalars(self, source: Mapping[str, LazyTensor]) -> None:
+        """Load the `scalar_tensors` of the checkpoint into self.scalars (for metadata())."""
+        for hf_pattern, name in self.scalar_tensors.items():
+            regex = _pattern_regex(hf_pattern)
+            by_block: dict[int, float] = {}
+            for hf_name, tensor in source.items():
+                m = regex.fullmatch(hf_name)
+                if m is None:
+                    continue
+                if tensor.n_elements != 1:
+                    raise ConversionError(f"tensor {hf_name} has shape {list(tensor.shape)}; expected a single number")
+                by_block[int(m["bid"])] = float(np.asarray(tensor.load(), dtype=np.float64).reshape(-1)[0])
+            missing = sorted(set(range(max(by_block, default=-1) + 1)) - set(by_block))
+            if missing:
+                raise ConversionError(f"the checkpoint lacks {hf_pattern.format(bid=missing[0])}")
+            self.scalars[name] = [by_block[bid] for bid in sorted(by_block)]
 
     # -- question 2 -----------------------------------------------------------------------
     def metadata(self) -> Metadata:
@@ -164,6 +188,12 @@ class Architecture:
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         """Layout change of one output tensor, by GGUF name. Default: none."""
         return tensor
+
+    def split_tensor(self, entry: Split, tensor: LazyTensor) -> list[LazyTensor]:
+        """The parts of one HF tensor that holds several GGUF tensors, in the order of entry.parts.
+        Default: equal parts along entry.axis. A plugin whose parts are not equal slices (DeepSeek's
+        kv_b_proj: per head, key rows then value rows) overrides it."""
+        return tensor.split(len(entry.parts), entry.axis)
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
         """Tensors the GGUF needs that the checkpoint does not hold, by GGUF name (e.g. llama3's
@@ -199,7 +229,7 @@ class Architecture:
             entry, bid, expert = target
             names = [gguf_name(part).format(bid=bid) for part in entry.parts] if isinstance(entry, Split) \
                 else [gguf_name(entry).format(bid=bid)]
-            pieces = tensor.split(len(names), entry.axis) if isinstance(entry, Split) else [tensor]
+            pieces = self.split_tensor(entry, tensor) if isinstance(entry, Split) else [tensor]
             for name, piece in zip(names, pieces):
                 if name not in singles and name not in expert_groups:
                     order.append(name)
@@ -253,9 +283,10 @@ class Architecture:
         return names
 
     def _ignored_patterns(self) -> tuple[str, ...]:
+        scalars = tuple(_pattern_regex(p).pattern for p in self.scalar_tensors)  # metadata, see read_scalars
         if self.tied_output_head and self.config.get("tie_word_embeddings", default=True):
-            return (*self.ignored_tensors, self.tied_output_head)
-        return self.ignored_tensors
+            return (*self.ignored_tensors, *scalars, self.tied_output_head)
+        return (*self.ignored_tensors, *scalars)
 
     def keep_f32(self, gguf_name: str) -> bool:
         return any(re.fullmatch(p, gguf_name) for p in self.f32_tensors)
@@ -267,12 +298,13 @@ class Architecture:
         )
 
 
+def _pattern_regex(hf_pattern: str) -> re.Pattern:
+    """An HF name pattern ({bid}: block number, {xid}: expert number) as a regex."""
+    return re.compile(re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)"))
+
+
 def _compile_patterns(table: Mapping[str, str | T | Split]) -> list[tuple[re.Pattern, str | T | Split]]:
-    compiled = []
-    for hf_pattern, entry in table.items():
-        regex = re.escape(hf_pattern).replace(r"\{bid\}", r"(?P<bid>\d+)").replace(r"\{xid\}", r"(?P<xid>\d+)")
-        compiled.append((re.compile(regex), entry))
-    return compiled
+    return [(_pattern_regex(hf_pattern), entry) for hf_pattern, entry in table.items()]
 
 
 def _match(patterns: Iterable[tuple[re.Pattern, str | T | Split]], hf_name: str) -> tuple[str | T | Split, str, int | None] | None:

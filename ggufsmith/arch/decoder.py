@@ -74,6 +74,15 @@ def mlp(*, biases: str = "optional", when: str | None = "n_expert == 0", prefix:
     return table
 
 
+def fused_gate_up_mlp(prefix: str = "mlp.") -> dict[str, T]:
+    """A gated feed-forward whose gate and up projections are one matrix, gate rows first (Phi-3,
+    GLM-4): llama.cpp loads it as ffn_up of 2 * n_ff rows and splits it itself."""
+    return {
+        f"{prefix}gate_up_proj.weight": T("ffn_up.weight", "2 * n_ff", "n_embd"),
+        f"{prefix}down_proj.weight": T("ffn_down.weight", "n_embd", "n_ff"),
+    }
+
+
 def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = None,
             per_expert: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> dict[str, T | Split]:
     """The router and routed experts of one block, in both checkpoint layouts: one tensor per
@@ -117,10 +126,10 @@ def expert_keys(keys: ArchKeys, c: HFConfig) -> None:
     keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1))
 
 
-def reject_routing(c: HFConfig, *, normalizes_top_k: bool, arch: str, default: bool = False) -> None:
+def reject_routing(c: HFConfig, *, normalizes_top_k: bool, arch: str) -> None:
     """Refuse a config whose norm_topk_prob asks for what llama.cpp's graph for `arch` does not do
     with the top-k routing weights (renormalize them to sum to one, or use them as they are)."""
-    reject(c, c.get_bool("norm_topk_prob", default=default) != normalizes_top_k,
+    reject(c, c.get_bool("norm_topk_prob", default=False) != normalizes_top_k,
            f"norm_topk_prob is {not normalizes_top_k} (llama.cpp's {arch} "
            f"{'always' if normalizes_top_k else 'never'} renormalizes the routing weights)")
 
@@ -163,6 +172,8 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    yarn_handled: tuple[str, ...] = ()  # yarn parameters the plugin writes itself (Rope.write_scaling_keys)
+    yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
     # Old checkpoints store the rotary frequencies; they follow from the config.
     ignored_tensors = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
 
@@ -200,7 +211,7 @@ class Decoder(Architecture):
         if "head_dim" in c:
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
-        self.rope.write_scaling_keys(keys)
+        self.rope.write_scaling_keys(keys, self.yarn_handled, yarn_log_multiplier=self.yarn_log_multiplier)
 
     def family_keys(self, keys: ArchKeys) -> None:
         """The keys that are this family's own. Default: none."""
@@ -220,4 +231,4 @@ class Decoder(Architecture):
         return types
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
-        return self.rope.rope_freqs(self.head_dim)
+        return self.rope.rope_freqs(int(self.rope.partial_rotary_factor() * self.head_dim))

@@ -15,8 +15,10 @@ MOE = "n_expert > 0"
 
 class Llama(Decoder):
     name = "llama"
-    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
-    model_types = ("llama", "mistral", "mixtral")
+    # Ministral (transformers' MinistralForCausalLM: Mistral with per-layer sliding windows) is not in
+    # llama.cpp's converter; Ministral-8B itself is published as MistralForCausalLM, which it maps here.
+    hf_classes = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "MinistralForCausalLM")
+    model_types = ("llama", "mistral", "mixtral", "ministral")
     tokenizer_kind = None  # tokenizer.model (SentencePiece, llama 1-2, mistral) or tokenizer.json (BPE, llama 3)
     tensor_names = {
         **llama_decoder(),

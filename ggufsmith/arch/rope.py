@@ -21,6 +21,8 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 log = logging.getLogger(__name__)
 
 ROPE_FREQS = "rope_freqs.weight"
+ROPE_FACTORS_LONG = "rope_factors_long.weight"
+ROPE_FACTORS_SHORT = "rope_factors_short.weight"
 LAYER_TYPES = ("full_attention", "sliding_attention")
 # What llama.cpp uses for yarn whatever the file says (it reads no beta keys for most architectures).
 _LLAMACPP_YARN_BETAS = {"beta_fast": 32.0, "beta_slow": 1.0}
@@ -67,9 +69,12 @@ class Rope:
             raise ConversionError(f"{self.params.label}: rope scaling {self.type!r} is set, "
                                   "which llama.cpp cannot run for this architecture")
 
-    def write_scaling_keys(self, keys: ArchKeys) -> None:
+    def write_scaling_keys(self, keys: ArchKeys, handled: tuple[str, ...] = (), *, yarn_log_multiplier: bool = False) -> None:
         """The rope.scaling.* keys llama.cpp reads (linear, yarn; llama3 is a tensor, see
-        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta."""
+        rope_freqs; dynamic NTK only warns). rope.freq_base is the plugin's: self.theta.
+        handled: yarn parameters the plugin writes itself (DeepSeek's mscale), not warned about.
+        yarn_log_multiplier: the architecture reads rope.scaling.yarn_log_multiplier as mscale_all_dim
+        (Mistral 3), which llama.cpp applies as if mscale were 1."""
         p = self.params
         if self.type == "linear":
             keys.string(Keys.Rope.SCALING_TYPE, "linear")
@@ -90,12 +95,23 @@ class Rope:
             keys.f32(Keys.Rope.SCALING_YARN_BETA_SLOW, p.get_float("beta_slow", default=None))
             unsupported = {name: p.get(name) for name, value in _LLAMACPP_YARN_BETAS.items()
                            if p.get(name, default=None) not in (None, value)}
-            unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim") if p.get(name, default=None)})
+            mscale, mscale_all_dim = (p.get_float(name, default=None) for name in ("mscale", "mscale_all_dim"))
+            if yarn_log_multiplier and attention_factor is None and mscale == 1 and mscale_all_dim:
+                # transformers' yarn attention factor (1 + 0.1 ln s) / (1 + 0.1 mscale_all_dim ln s)
+                keys.f32(Keys.Rope.SCALING_YARN_LOG_MUL, mscale_all_dim)
+            else:
+                unsupported.update({name: p.get(name) for name in ("mscale", "mscale_all_dim")
+                                    if name not in handled and p.get(name, default=None)})
             if unsupported:
                 log.warning("%s: llama.cpp ignores yarn %s; its rope will differ from transformers'",
                             p.label, unsupported)
         elif self.type == "llama3":
             pass  # expressed as the rope_freqs tensor, see rope_freqs()
+        elif self.type == "longrope":
+            # the factors are tensors (see rope_freqs); llama.cpp picks the long set when the
+            # context it is given exceeds original_context_length, as transformers does per prompt
+            keys.u32(Keys.Rope.SCALING_ORIG_CTX_LEN, p.get_int("original_max_position_embeddings", min=1))
+            keys.f32(Keys.Rope.SCALING_ATTN_FACTOR, self.longrope_attention_factor())
         elif self.type == "dynamic":
             # NTK scaling that transformers applies only beyond max_position_embeddings; llama.cpp
             # has no equivalent, so the file runs the same only within the trained context.
@@ -103,18 +119,40 @@ class Rope:
                         "only up to max_position_embeddings tokens", p.label)
         elif self.type != "default":
             raise ConversionError(f"{p.label}: rope type {self.type!r} is not supported "
-                                  "(supported: default, linear, yarn, llama3, dynamic)")
+                                  "(supported: default, linear, yarn, llama3, longrope, dynamic)")
 
-    def rope_freqs(self, head_dim: int) -> dict[str, LazyTensor]:
-        """llama3 scaling as llama.cpp's rope_freqs tensor; {} for every other rope type."""
+    def longrope_attention_factor(self) -> float:
+        """The scale LongRoPE applies to cos and sin (transformers' attention_scaling): the config's
+        attention_factor, else sqrt(1 + ln(s) / ln(original context)) for the context extension s
+        (`factor`, else max_position_embeddings / original_max_position_embeddings)."""
+        p = self.params
+        given = p.get_float("attention_factor", default=None, min=0)
+        if given is not None:
+            return given
+        original = p.get_int("original_max_position_embeddings", min=1)
+        scale = p.get_float("factor", default=None, min=0) or self.config.get_int("max_position_embeddings", min=1) / original
+        return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
+
+    def rope_freqs(self, rotary_dims: int) -> dict[str, LazyTensor]:
+        """Rope scaling that llama.cpp reads as tensors: llama3's rope_freqs, LongRoPE's long and
+        short factors (one divisor per rotated pair each); {} for every other rope type."""
+        p = self.params
+        if self.type == "longrope":
+            return {name: LazyTensor.from_array(self._longrope_factors(field, rotary_dims), source=f"{p.label}.{field}")
+                    for name, field in ((ROPE_FACTORS_LONG, "long_factor"), (ROPE_FACTORS_SHORT, "short_factor"))}
         if self.type != "llama3":
             return {}
-        p = self.params
         factors = llama3_rope_factors(
-            head_dim, rope_theta=p.get_float("rope_theta", min=0), factor=p.get_float("factor", min=0),
+            rotary_dims, rope_theta=p.get_float("rope_theta", min=0), factor=p.get_float("factor", min=0),
             low_freq_factor=p.get_float("low_freq_factor", min=0), high_freq_factor=p.get_float("high_freq_factor", min=0),
             original_max_position_embeddings=p.get_int("original_max_position_embeddings", min=1))
         return {ROPE_FREQS: LazyTensor.from_array(factors, source=f"{p.label} (llama3)")}
+
+    def _longrope_factors(self, field: str, rotary_dims: int) -> np.ndarray:
+        values = self.params.get_list(field)
+        if len(values) != rotary_dims // 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise self.params.error(field, values, f"{rotary_dims // 2} numbers (one per rotated pair), not {len(values)}")
+        return np.asarray(values, dtype=np.float32)
 
 
 def rotary_halves_to_pairs(tensor: LazyTensor, n_head: int) -> LazyTensor:

@@ -82,6 +82,7 @@ def make_plan(
         return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
+    plugin.read_scalars(checkpoint.tensors)  # the few numbers some plugins write as keys (before metadata())
     mapped = plugin.map_tensors(checkpoint.tensors)
     planned = [plan_tensor(m.name, m.sources, m.tensor, target, plugin) for m in mapped]
 
