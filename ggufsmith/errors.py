@@ -23,3 +23,14 @@ class TokenizerError(ConversionError):
 
 class OutputError(GgufsmithError):
     """The output cannot be written where asked: an input, a directory, a device, a full disk, ..."""
+
+
+class BatchError(GgufsmithError):
+    """A batch plan that cannot be run as written (a bad key, a missing source, a name clash)."""
+
+
+def one_line(e: BaseException) -> str:
+    """An error as the one line the CLI and batch reports show."""
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.filename}: {e.strerror or e}"
+    return " ".join(str(e).split()) or type(e).__name__

@@ -112,8 +112,8 @@ def test_llama_family_classes_use_the_llama_plugin(hf_class):
 def test_unsupported_rope_scaling_is_a_clear_error():
     from ggufsmith.errors import ConversionError
 
-    with pytest.raises(ConversionError, match=r"model/config.json rope_parameters: rope type 'longrope' is not supported"):
-        _plugin(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4}).metadata()
+    with pytest.raises(ConversionError, match=r"model/config.json rope_parameters: rope type 'warp' is not supported"):
+        _plugin(rope_parameters={"rope_type": "warp", "rope_theta": 1e4}).metadata()
 
 
 def test_llama3_rope_without_its_parameters_is_a_clear_error():

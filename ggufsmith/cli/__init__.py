@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from importlib import import_module
 
 from ggufsmith import __version__
-from ggufsmith.errors import GgufsmithError
+from ggufsmith.errors import GgufsmithError, one_line
 from ggufsmith.gguf_writer.output import delete_own_temp_files
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufsmith.cli.convert", "convert a Hugging Face model folder to a GGUF file"),
     "quantize": ("ggufsmith.cli.quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
     "imatrix": ("ggufsmith.cli.imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
+    "batch": ("ggufsmith.cli.batch", "convert many models to many types from a plan file, each source read once; locally or on Ray"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
 }
 
@@ -156,6 +157,4 @@ def _held_warnings(verbose: bool) -> Iterator[list[str]]:
 
 
 def _one_line(e: BaseException) -> str:
-    if isinstance(e, OSError) and e.filename:
-        return f"{e.filename}: {e.strerror or e}"
-    return " ".join(str(e).split()) or type(e).__name__
+    return one_line(e)

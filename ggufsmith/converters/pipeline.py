@@ -3,8 +3,8 @@
 Memory stays bounded whatever the model size: tensors are read one at a time from memory maps,
 large ones in slices of rows, and at most workers.lookahead_bytes(workers) of output are converted
 ahead of the one being written. Conversion runs on one worker thread per available core (or
-`threads`), writing in the calling thread; a large tensor is cut into row ranges that the workers
-convert at once. Quantizers that hold the interpreter lock run in worker processes
+`threads`), the writer in a thread of its own (fanout.py, which also writes several types of one
+checkpoint in one pass); a large tensor is cut into row ranges that the workers convert at once. Quantizers that hold the interpreter lock run in worker processes
 (workers.Quantizer). Every piece is the same bytes whoever converts it, so the file is identical
 for every worker count. The output appears only when complete: the writer renames its temporary
 file at the end and deletes it on any error or Ctrl-C.
@@ -12,19 +12,15 @@ file at the end and deletes it on any error or Ctrl-C.
 
 from __future__ import annotations
 
-import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import chain, groupby
 from pathlib import Path
 
 import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
-from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGUF_DEFAULT_ALIGNMENT, GGMLType, Keys
+from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
 from ggufsmith.readers.gguf_source import GGUFTensor
@@ -34,8 +30,7 @@ from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.output import check_target, folder_files
-from ggufsmith.gguf_writer.writer import GGUFWriter
-from ggufsmith.converters.workers import Quantizer, lookahead_bytes, resolve_workers
+from ggufsmith.converters.workers import Quantizer, resolve_workers
 
 # A slice of a large tensor holds about this many elements (16 MiB as float32). Slices are the
 # unit of work: the workers convert the slices of one tensor at once.
@@ -201,22 +196,33 @@ def _checked(t: PlannedTensor, produce: Callable[[], np.ndarray]) -> np.ndarray:
 
 
 def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int, quantizer: Quantizer) -> np.ndarray:
-    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type,
-    each expert's rows of a 3-D tensor with that expert's importance vector."""
+    """The GGUF bytes of rows first_row.. of tensor t (given by `load`), quantized to t's type."""
+    return encode_many([t], load, first_row, quantizer)[0]
 
-    def produce() -> np.ndarray:
+
+def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], first_row: int,
+                quantizer: Quantizer) -> list[np.ndarray]:
+    """The GGUF bytes of rows first_row.. of one source tensor for each planned tensor of `group`
+    (the same tensor in several files, see fanout.py): loaded and made float once, then quantized
+    to each one's type, each expert's rows of a 3-D tensor with that expert's importance vector."""
+
+    def produce() -> list[np.ndarray]:
         data = load()
         if data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
-        if t.importance is None:
-            return _refuse_f16_overflow(t, quantizer(data, t.ggml_type), lambda: bool(np.isfinite(data).all()))
-        rows = data.reshape(-1, t.shape[-1])
-        rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
-        pieces = [quantizer(rows[start:stop], t.ggml_type, importance)
-                  for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        return [_quantized(t, data, first_row, quantizer) for t in group]
 
-    return _checked(t, produce)
+    return _checked(group[0], produce)
+
+
+def _quantized(t: PlannedTensor, data: np.ndarray, first_row: int, quantizer: Quantizer) -> np.ndarray:
+    if t.importance is None:
+        return _refuse_f16_overflow(t, quantizer(data, t.ggml_type), lambda: bool(np.isfinite(data).all()))
+    rows = data.reshape(-1, t.shape[-1])
+    rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
+    pieces = [quantizer(rows[start:stop], t.ggml_type, importance)
+              for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
+    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def _refuse_f16_overflow(t: PlannedTensor, encoded: np.ndarray, source_is_finite: Callable[[], bool]) -> np.ndarray:
@@ -233,60 +239,14 @@ def _refuse_f16_overflow(t: PlannedTensor, encoded: np.ndarray, source_is_finite
 def write_plan(plan: ConversionPlan, dst: str | Path, *, progress: bool = True, inputs: Iterable[str | Path] = (),
                force: bool = False, threads: int | None = None) -> Path:
     """Load, transform, quantize and write every planned tensor on `threads` workers (default:
-    every core this process may use). Returns the written path.
+    every core this process may use). Returns the written path. The case of one file of
+    fanout.write_plans (several files of one checkpoint, each tensor read once).
 
     `inputs` are the files the plan reads, which `dst` must not be; `force` lets `dst` be an
     existing device or FIFO, written into (see gguf_writer/output.py)."""
-    from tqdm import tqdm
+    from ggufsmith.converters.fanout import write_plans
 
-    dst = Path(dst)
-    workers = resolve_workers(threads)
-    bar = tqdm(total=plan.total_bytes, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-               disable=not progress, desc=dst.name, dynamic_ncols=True)
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufsmith-convert")
-    quantizer = Quantizer(workers)
-    try:
-        # No fsync, as llama.cpp's converter: the rename already guarantees that dst is never a
-        # partial file after an error, Ctrl-C or kill, and forcing GBs to a slow disk can double
-        # the wall time of a conversion; the OS writes the data back on its own schedule.
-        alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
-        with GGUFWriter(dst, plan.metadata, alignment=alignment, fsync=False, inputs=inputs, force=force) as writer:
-            for t in plan.tensors:
-                writer.add_tensor(t.name, t.shape, t.ggml_type)
-            converted = _converted_in_order(plan.tensors, pool, quantizer, lookahead_bytes(workers))
-            for _, pieces in groupby(converted, key=lambda item: id(item[0])):
-                t, first = next(pieces)
-                writer.write_tensor_pieces(t.name, _counted(bar, first, (piece for _, piece in pieces)))
-        return dst
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        quantizer.close()
-        bar.close()
-
-
-def _counted(bar, first: np.ndarray, rest: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
-    for piece in chain((first,), rest):
-        yield piece
-        bar.update(piece.nbytes)
-
-
-def _converted_in_order(
-    tensors: list[PlannedTensor], pool: ThreadPoolExecutor, quantizer: Quantizer, lookahead: int
-) -> Iterator[tuple[PlannedTensor, np.ndarray]]:
-    """(tensor, bytes of its next piece) in file order, conversion running up to `lookahead` bytes ahead."""
-    pending: deque[tuple[PlannedTensor, int, Future]] = deque()
-    ahead = 0
-    for t in tensors:
-        for unit, nbytes in _work_units(t, quantizer):
-            pending.append((t, nbytes, pool.submit(unit)))
-            ahead += nbytes
-            while len(pending) > 1 and ahead > lookahead:
-                done, size, future = pending.popleft()
-                ahead -= size
-                yield done, future.result()
-    while pending:
-        done, _, future = pending.popleft()
-        yield done, future.result()
+    return write_plans([(plan, Path(dst))], progress=progress, inputs=inputs, force=force, threads=threads)[0]
 
 
 def convert(

@@ -1,0 +1,168 @@
+"""One source of a batch: every output type it still needs, made in one pass over its tensors.
+
+`run_source` is what a local worker process or a Ray task runs. It never raises for a bad source:
+the error becomes each of its outputs' `failed` result, with the one-line message the CLI would
+print, so that the other sources go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ggufsmith.batch.plan import SourceSpec, quantize_args
+from ggufsmith.batch.state import BatchState, file_sha256
+from ggufsmith.constants import Keys
+from ggufsmith.errors import BatchError, one_line
+
+G = Keys.General
+
+
+@dataclass
+class OutputResult:
+    """One row of the batch report."""
+
+    source: str
+    outtype: str
+    file: str | None  # absolute path of the output (None when the source failed before naming it)
+    status: str  # "done", "skipped" (finished by an earlier run) or "failed"
+    size: int | None = None
+    bits_per_weight: float | None = None
+    seconds: float = 0.0
+    sha256: str | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gguf_file_name(metadata, outtype: str, pattern: str | None = None, source: str = "") -> str:
+    """The output's file name: the GGUF naming convention <BaseName>-<SizeLabel>-<FineTune>-<Version>-<Type>.gguf
+    from the general.* keys (general.name when there is no basename), or `pattern` with those fields."""
+    fields = {
+        "basename": _dashed(metadata.get(G.BASENAME) or metadata.get(G.NAME) or "ggml-model"),
+        "size_label": _dashed(metadata.get(G.SIZE_LABEL)), "finetune": _dashed(metadata.get(G.FINETUNE)),
+        "version": _dashed(metadata.get(G.VERSION)), "type": outtype.upper(), "name": _dashed(metadata.get(G.NAME)),
+        "source": _dashed(source),
+    }
+    if pattern is None:
+        parts = [fields[k] for k in ("basename", "size_label", "finetune", "version", "type")]
+        return "-".join(p for p in parts if p) + ".gguf"
+    name = pattern.format(**fields)
+    name = re.sub(r"-{2,}", "-", name).strip("-").replace("-.", ".")  # fields left empty drop their dash
+    return name if name.endswith(".gguf") else name + ".gguf"
+
+
+def _dashed(value) -> str:
+    return "" if value is None else str(value).strip().replace(" ", "-").replace("/", "-")
+
+
+def resolve_source(spec: SourceSpec) -> Path:
+    """The model folder of a source: its path, or its repo's snapshot in the local Hugging Face cache
+    (downloaded only when the plan says `download: true`)."""
+    if spec.path is not None:
+        if not spec.path.is_dir():
+            raise BatchError(f"{spec.path}: no such model folder")
+        return spec.path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(spec.repo, revision=spec.revision, local_files_only=not spec.download))
+    except LocalEntryNotFoundError:
+        raise BatchError(f"{spec.repo}: not in the local Hugging Face cache; fetch it with "
+                         f"`hf download {spec.repo}` or set `download: true` for this source") from None
+    except Exception as e:  # the hub client's network and repository errors
+        raise BatchError(f"{spec.repo}: {one_line(e)}") from None
+
+
+def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[float], None] | None = None,
+               threads: int | None = None) -> list[OutputResult]:
+    """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
+    workers (default: every core); one result per outtype. `on_progress(n)`: n more outputs' worth
+    of bytes written (fractions of files, for a live bar)."""
+    from ggufsmith.converters.fanout import write_plans
+    from ggufsmith.gguf_writer.output import folder_files, remove_dead_temp_files
+    from ggufsmith.readers.checkpoint import open_checkpoint
+
+    started = time.monotonic()
+    files: dict[str, Path] = {}
+    try:
+        model_dir = resolve_source(spec)
+        with open_checkpoint(model_dir) as checkpoint:
+            plans = {spec.outtypes[0]: _make_plan(checkpoint, spec, spec.outtypes[0])}
+            with _warnings_said_once():  # the other types' plans read the same tokenizer and config again
+                plans.update({outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes[1:]})
+            for outtype, plan in plans.items():
+                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
+                files[outtype] = spec.output_dir / name
+            _check_distinct(spec, files)
+            spec.output_dir.mkdir(parents=True, exist_ok=True)  # the plan's folders are made for it
+            remove_dead_temp_files(spec.output_dir)  # a killed run's (a live writer's are locked, kept)
+            state = BatchState(spec.output_dir)
+            todo = [o for o in spec.outtypes if force or not state.is_done(files[o].name, spec.fingerprint(o))]
+            for outtype in todo:
+                state.forget(files[outtype].name)
+            if todo:
+                inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
+                total = max(1, sum(plans[o].total_bytes for o in todo))
+                on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
+                write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes, inputs=inputs,
+                            threads=threads)
+        seconds = time.monotonic() - started
+        results = []
+        for outtype in spec.outtypes:
+            path, plan = files[outtype], plans[outtype]
+            record = None if outtype in todo else state.records().get(path.name)
+            if record is None:
+                record = {"size": path.stat().st_size, "sha256": file_sha256(path), "source": spec.label,
+                          "outtype": outtype, "fingerprint": spec.fingerprint(outtype),
+                          "bits_per_weight": round(plan.bits_per_weight, 4), "seconds": round(seconds, 3)}
+                state.record(path.name, record)
+            results.append(OutputResult(spec.label, outtype, str(path), "done" if outtype in todo else "skipped",
+                                        record["size"], record["bits_per_weight"],
+                                        seconds if outtype in todo else 0.0, record["sha256"]))
+        return results
+    except Exception as e:  # noqa: BLE001 - one source's failure is its outputs' result, never the batch's end
+        seconds = time.monotonic() - started
+        return [OutputResult(spec.label, o, str(files[o]) if o in files else None, "failed", seconds=seconds,
+                             error=one_line(e)) for o in spec.outtypes]
+
+
+@contextmanager
+def _warnings_said_once():
+    logger = logging.getLogger("ggufsmith")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _make_plan(checkpoint, spec: SourceSpec, outtype: str):
+    from ggufsmith.cli.quantize import build_request
+    from ggufsmith.converters.pipeline import make_plan
+    from ggufsmith.converters.plan import is_preset_outtype
+
+    request = None
+    if is_preset_outtype(outtype):  # options and imatrix are the presets'; plain types ignore them
+        args = quantize_args(spec.options)
+        args.imatrix = str(spec.imatrix) if spec.imatrix is not None else None
+        request = build_request(outtype, args)
+    return make_plan(checkpoint, outtype, spec.arch, model_name=spec.model_name, quantize_request=request)
+
+
+def _check_distinct(spec: SourceSpec, files: dict[str, Path]) -> None:
+    seen: dict[Path, str] = {}
+    for outtype, path in files.items():
+        if path in seen:
+            raise BatchError(f"{spec.label}: outputs {seen[path]} and {outtype} would both be {path.name}; "
+                             "set a name_pattern with {type} or name them under `outputs`")
+        seen[path] = outtype
