@@ -21,8 +21,8 @@ import pytest
 import ggufsmith
 from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
-from tests.llamacpp_reference import assert_same_file
-from tests.tokenizer_helpers import train_bpe
+from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
+from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -32,18 +32,48 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
 VOCAB = 600
-COMMON = dict(hidden_size=64, intermediate_size=160, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-              tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+ATTENTION = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                 max_position_embeddings=512, tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0,
+                 eos_token_id=0, pad_token_id=0)
+COMMON = dict(ATTENTION, intermediate_size=160, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2)
+# Families whose experts are intermediate_size wide, counted by num_local_experts.
+LOCAL = dict(ATTENTION, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2)
+GRANITE = dict(LOCAL, attention_multiplier=0.2, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=3.0)
+# kind -> (config class, model class, llama.cpp architecture, config fields)
 MODELS = {
     "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "qwen2moe",
                  dict(COMMON, shared_expert_intermediate_size=48, norm_topk_prob=False)),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3moe", dict(COMMON, norm_topk_prob=True, head_dim=24)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "llama", dict(LOCAL, rope_theta=1e6)),
+    # llama.cpp's olmoe has no grouped-query attention (its key norm is as wide as the queries')
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", "olmoe",
+              dict(ATTENTION, num_key_value_heads=4, intermediate_size=32, num_experts=4, num_experts_per_tok=2)),
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", "granitemoe", GRANITE),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", "granitemoe",
+                         dict(GRANITE, shared_intermediate_size=48)),
+    # transformers sizes the experts by intermediate_size; the per-layer lists are for llama.cpp's converter
+    "hunyuan-moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", "hunyuan-moe",
+                    dict(ATTENTION, intermediate_size=32, num_experts=4, moe_topk=[2] * 3, head_dim=16,
+                         moe_intermediate_size=[32] * 3, num_shared_expert=[1] * 3)),
+    # one dense leading block, two shared experts, renormalized and scaled sigmoid routing, the
+    # experts chosen in the better of two groups (no GQA in llama.cpp's dots1)
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", "dots1",
+              dict(COMMON, num_key_value_heads=4, head_dim=24, n_routed_experts=4, n_shared_experts=2,
+                   first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, n_group=2, topk_group=1)),
+    # one dense leading block, two shared experts (intermediate_size / num_key_value_heads, which
+    # llama.cpp's converter takes for their width, chosen equal to HF's 2 x moe_intermediate_size)
+    "ernie4_5-moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", "ernie4_5-moe",
+                     dict(ATTENTION, intermediate_size=128, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
+                          moe_num_shared_experts=2, moe_layer_start_index=1,
+                          bos_token_id=1, eos_token_id=2)),  # <s>, </s> of the SentencePiece model
 }
+SENTENCEPIECE = {"ernie4_5-moe"}  # llama.cpp's converter reads ERNIE's vocabulary only from tokenizer.model
 LAYOUTS = ("per-expert", "fused")
 KEY_DIFFERENCES = {
-    key: "written explicitly; llama.cpp finds the same id by its text at load time"
-    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
+    **{key: "written explicitly; llama.cpp finds the same id by its text at load time"
+       for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))},
+    "dots1.expert_gating_func": "theirs leaves it out, and llama.cpp aborts on such a file's first MoE layer",
+    **TOKENIZER_KEY_DIFFERENCES,  # the SentencePiece tokenizer's (ernie4_5-moe)
 }
 
 
@@ -54,7 +84,10 @@ def models(tmp_path_factory):
     for kind, (config_class, model_class, _, fields) in MODELS.items():
         for layout in LAYOUTS:
             model_dir = root / f"{kind}-{layout}"
-            train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
+            if kind in SENTENCEPIECE:
+                train_sentencepiece(model_dir, vocab_size=VOCAB)
+            else:
+                train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
             build_model(config_class, model_class, model_dir, fused_experts=layout == "fused", **fields)
             ids = prompt_ids(model_dir)
             out[kind, layout] = model_dir, ids, hf_logits(model_dir, model_class, ids)
@@ -100,9 +133,18 @@ def test_both_layouts_give_the_same_file(models, converted, kind):
     assert sorted(per_expert) == sorted(fused)
 
 
+# Families whose reference writes each block's expert stacks in an order of its own (ERNIE's: gate, up,
+# down; ours, the checkpoint's: down, gate, up). The order of tensors in a GGUF file has no meaning.
+OWN_ORDER = {"ernie4_5-moe"}
+# Families llama.cpp's converter cannot convert from a folder transformers writes.
+NO_REFERENCE = {
+    "hunyuan-moe": "its converter reads only Hunyuan's tiktoken tokenizer (remote code: tokenizer.mergeable_ranks)",
+}
+
+
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
-@pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.parametrize("kind", [kind for kind in MODELS if kind not in NO_REFERENCE])
 def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     model_dir = models[kind, "per-expert"][0]
     theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2")
-    assert_same_file(converted(kind, "per-expert", outtype), theirs, KEY_DIFFERENCES)
+    assert_same_file(converted(kind, "per-expert", outtype), theirs, KEY_DIFFERENCES, same_order=kind not in OWN_ORDER)

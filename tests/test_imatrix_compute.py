@@ -44,6 +44,8 @@ SHAPES = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_a
 MODELS = {
     "llama": ("LlamaForCausalLM", dict(SHAPES)),
     "mixtral": ("MixtralForCausalLM", dict(SHAPES, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3moe": ("Qwen3MoeForCausalLM", dict(SHAPES, moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2,
+                                             norm_topk_prob=True, head_dim=64)),
 }
 CHUNK = 64
 
@@ -260,7 +262,8 @@ def quantized(models, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant, preset", [("llama", "Q4_K_M"), ("llama", "Q2_K"), ("mixtral", "Q4_K_M"), ("mixtral", "Q2_K")])
+@pytest.mark.parametrize("variant, preset", [("llama", "Q4_K_M"), ("llama", "Q2_K"), ("mixtral", "Q4_K_M"), ("mixtral", "Q2_K"),
+                                                 ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q2_K")])
 def test_llama_quantize_accepts_it_and_the_error_drops(quantized, variant, preset):
     f32, with_imatrix, without, heldout = quantized(variant, preset)
     compared = 0

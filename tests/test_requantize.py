@@ -4,8 +4,9 @@ Oracle: llama_model_quantize (llama-cpp-python) run on the F32 GGUF of the same 
 same options; the files must be identical byte for byte (metadata, tensor order, types, data).
 The importance matrices passed to llama.cpp are computed here from the sums and counts written to
 the imatrix file (sums / count per expert, 1 for unused experts: llama-quantize's normalization).
-Models: a llama with GQA (8 heads, 2 kv heads) and a mixtral with 8 experts, hidden 256, feed-forward
-320 so that ffn_down's rows of 320 make the 256-block K-quants fall back.
+Models: a llama with GQA (8 heads, 2 kv heads), a mixtral with 8 experts and a qwen3moe with 8
+experts (issue 15's per-expert layout: its own arch name, q/k norms), hidden 256, feed-forward 320
+so that ffn_down's rows of 320 make the 256-block K-quants fall back.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ SHAPE = dict(hidden_size=256, intermediate_size=320, num_attention_heads=8, num_
 MODELS = {
     "llama": ("llama_gqa", dict(SHAPE, num_hidden_layers=4)),
     "mixtral": ("mixtral", dict(SHAPE, num_hidden_layers=2, num_local_experts=8)),
+    "qwen3moe": ("qwen3moe", dict(SHAPE, num_hidden_layers=2, num_experts=8, moe_intermediate_size=320)),
+}
+# Models beside tests/llama_models.py's: (transformers class, config fields)
+OTHER_VARIANTS = {
+    "qwen3moe": ("Qwen3MoeForCausalLM", dict(num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=512)),
 }
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
@@ -64,7 +70,7 @@ def _build(model_dir: Path, variant: str, config: dict) -> None:
     import torch
     import transformers
 
-    class_name, fields = VARIANTS[variant]
+    class_name, fields = VARIANTS[variant] if variant in VARIANTS else OTHER_VARIANTS[variant]
     model_class = getattr(transformers, class_name)
     torch.manual_seed(3)
     model = model_class(model_class.config_class(vocab_size=2000, bos_token_id=1, eos_token_id=2, **{**fields, **config}))
@@ -196,6 +202,20 @@ def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model)
 def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
     _convert_preset_check(models, imatrices, tmp_path, model, preset,
                           with_imatrix=preset == "Q2_K" or preset in PRESETS_NEEDING_IMATRIX, run=True)
+
+
+# Issue 15: every preset through `convert --outtype PRESET` on the per-expert qwen3moe, with and
+# without an importance matrix, is llama_model_quantize on the f32 conversion (the plain outtypes
+# f32/f16/bf16/q8_0 take none: convert refuses one for them).
+QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESETS for i in (False, True))]
+                  if not (i and p.lower() in OUTTYPES)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "with_imatrix"), QWEN3MOE_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
+def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
+    _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
 
 
 def test_q2_k_s_needs_an_imatrix(models, imatrices, tmp_path):

@@ -10,6 +10,7 @@ The HF names are those of transformers' LlamaForCausalLM and the many models wri
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
+from ggufsmith.arch.common import reject
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -109,6 +110,28 @@ def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None
         f"{prefix}up_proj.weight": T("ffn_up_shexp.weight", "n_ff_shexp", "n_embd", when=when),
         f"{prefix}down_proj.weight": T("ffn_down_shexp.weight", "n_embd", "n_ff_shexp", when=when),
     }
+
+
+# Models whose first blocks are dense (n_layer_dense_lead: a plugin's dims()) and the rest sparse.
+DENSE = "bid < n_layer_dense_lead"
+SPARSE = "bid >= n_layer_dense_lead"
+
+# The router is tiny and decides which experts run: llama.cpp keeps it F32 whatever the outtype.
+ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)
+
+
+def expert_keys(keys: ArchKeys, c: HFConfig) -> None:
+    """expert_count and expert_used_count, under the config names transformers' MoE families use."""
+    keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_experts", "num_local_experts", min=1))
+    keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1))
+
+
+def reject_routing(c: HFConfig, *, normalizes_top_k: bool, arch: str) -> None:
+    """Refuse a config whose norm_topk_prob asks for what llama.cpp's graph for `arch` does not do
+    with the top-k routing weights (renormalize them to sum to one, or use them as they are)."""
+    reject(c, c.get_bool("norm_topk_prob", default=False) != normalizes_top_k,
+           f"norm_topk_prob is {not normalizes_top_k} (llama.cpp's {arch} "
+           f"{'always' if normalizes_top_k else 'never'} renormalizes the routing weights)")
 
 
 def norms(**names: str) -> dict[str, T]:

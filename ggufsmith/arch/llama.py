@@ -5,9 +5,8 @@ experts). Sources: the HF modeling code for the checkpoint layout, llama.cpp's l
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
-from ggufsmith.arch.decoder import Decoder, in_block, llama_decoder
+from ggufsmith.arch.decoder import ROUTER, Decoder, experts, in_block, llama_decoder
 from ggufsmith.arch.rope import rotary_halves_to_pairs
-from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -23,16 +22,13 @@ class Llama(Decoder):
     tokenizer_kind = None  # tokenizer.model (SentencePiece, llama 1-2, mistral) or tokenizer.json (BPE, llama 3)
     tensor_names = {
         **llama_decoder(),
-        # Mixtral: the router, and w1/w3/w2 (gate/up/down) of each expert, stacked per block.
-        **in_block({
-            "block_sparse_moe.gate.weight": T("ffn_gate_inp.weight", "n_expert", "n_embd", when=MOE),
-            "block_sparse_moe.experts.{xid}.w1.weight": T("ffn_gate_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=MOE),
-            "block_sparse_moe.experts.{xid}.w3.weight": T("ffn_up_exps.weight", "n_expert", "n_ff_exp", "n_embd", when=MOE),
-            "block_sparse_moe.experts.{xid}.w2.weight": T("ffn_down_exps.weight", "n_expert", "n_embd", "n_ff_exp", when=MOE),
-        }),
+        # Mixtral: the router and the experts' gate/up/down, as the original checkpoints store them
+        # (block_sparse_moe.gate, experts.{xid}.w1/w3/w2) and as transformers 5 saves them
+        # (mlp.gate, the fused mlp.experts.gate_up_proj / down_proj).
+        **in_block(experts(prefix="block_sparse_moe.", per_expert=("w1", "w3", "w2"), when=MOE)),
+        **in_block(experts(when=MOE)),
     }
-    # The router is tiny and decides which experts run: llama.cpp keeps it F32 whatever the outtype.
-    f32_tensors = (r"blk\.\d+\.ffn_gate_inp\.weight",)
+    f32_tensors = ROUTER
     # Tied embeddings: save_pretrained stores no lm_head, so there is no `output` tensor and
     # llama.cpp reads token_embd in its place. An lm_head stored anyway is kept: transformers
     # (5.x) uses it rather than tying when its values differ from the embeddings.

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import Decoder, embeddings, experts, in_block, llama_decoder, shared_expert
+from ggufsmith.arch.decoder import (Decoder, embeddings, expert_keys, experts, in_block, llama_decoder, reject_routing,
+                                    shared_expert)
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
@@ -40,17 +41,14 @@ class Qwen2Moe(Decoder):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
-        reject(config, config.get_bool("norm_topk_prob", default=False) != self.normalizes_top_k,
-               f"norm_topk_prob is {not self.normalizes_top_k} (llama.cpp's {self.name} "
-               f"{'always' if self.normalizes_top_k else 'never'} renormalizes the routing weights)")
+        reject_routing(config, normalizes_top_k=self.normalizes_top_k, arch=self.name)
         reject(config, config.get_int("decoder_sparse_step", default=1) != 1 or bool(config.get_list("mlp_only_layers", default=[])),
                "decoder_sparse_step / mlp_only_layers make some blocks dense")
         reject(config, config.get_bool("use_sliding_window", default=False), "use_sliding_window is set")
 
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
-        keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_experts", "num_local_experts", min=1))
-        keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1))
+        expert_keys(keys, c)
         keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("moe_intermediate_size", min=1))
         keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, c.get_int("shared_expert_intermediate_size", default=None, min=1))
 
