@@ -36,7 +36,7 @@ import numpy as np
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import Decoder, embeddings, experts, in_block, mlp, norms, shared_expert
+from ggufsmith.arch.decoder import ROUTER, Decoder, embeddings, experts, in_block, mlp, norms, shared_expert
 from ggufsmith.arch.tensors import Dim, Split, T
 from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
 from ggufsmith.errors import ConversionError
@@ -48,7 +48,6 @@ log = logging.getLogger(__name__)
 DENSE = "bid < n_lead"  # the leading blocks (first_k_dense_replace) have a plain MLP
 SPARSE = "bid >= n_lead"
 Q_LORA = "q_lora_rank > 0"
-ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)  # tiny, decides which experts run: F32 as in llama.cpp
 GATING = {"softmax": ExpertGatingFunc.SOFTMAX, "sigmoid": ExpertGatingFunc.SIGMOID}
 
 

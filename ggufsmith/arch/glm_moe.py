@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
-from ggufsmith.arch.decoder import Decoder, attention, embeddings, in_block, norms
-from ggufsmith.arch.deepseek import ROUTER, routing_keys, sparse_blocks, sparse_dims
+from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, in_block, norms
+from ggufsmith.arch.deepseek import routing_keys, sparse_blocks, sparse_dims
 from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.readers.lazy_tensor import LazyTensor
