@@ -66,6 +66,11 @@ MODELS = {
                      dict(ATTENTION, intermediate_size=128, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
                           moe_num_shared_experts=2, moe_layer_start_index=1,
                           bos_token_id=1, eos_token_id=2)),  # <s>, </s> of the SentencePiece model
+    # q/k norms over whole projections wider than hidden_size, rope on half of each head (rotary_dim,
+    # the published configs' name, which llama.cpp's converter reads), sigmoid routing with the
+    # selection bias (scoring_func: the published configs' field, from which the reference writes it)
+    "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", "minimax-m2",
+                   dict(LOCAL, head_dim=24, rotary_dim=12, scoring_func="sigmoid")),
 }
 SENTENCEPIECE = {"ernie4_5-moe"}  # llama.cpp's converter reads ERNIE's vocabulary only from tokenizer.model
 LAYOUTS = ("per-expert", "fused")

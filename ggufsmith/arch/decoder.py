@@ -103,6 +103,14 @@ def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = No
     }
 
 
+def mixtral_experts(*, fused_router: str = "gate", when: str | None = None) -> dict[str, T | Split]:
+    """Mixtral-style experts (Mixtral, PhiMoE, MiniMax-M2) in both layouts: the original checkpoints'
+    `block_sparse_moe.gate` and `block_sparse_moe.experts.{xid}.w1/w3/w2` (gate, up, down), and
+    transformers 5's `mlp.<fused_router>` with the fused `mlp.experts.*` stacks."""
+    return {**experts(prefix="block_sparse_moe.", per_expert=("w1", "w3", "w2"), when=when),
+            **experts(router=fused_router, when=when)}
+
+
 def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None) -> dict[str, T]:
     """A shared expert: an MLP every token goes through beside the routed ones."""
     return {
@@ -143,15 +151,15 @@ LLAMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
 
 
 def llama_decoder(*, attention_biases: str = "optional", o_bias: str | None = None, mlp_biases: str = "optional",
-                  qk_norm: bool = False) -> dict[str, T]:
+                  qk_norm: bool = False, dense_mlp: bool = True) -> dict[str, T]:
     """The whole table of a Llama-layout decoder: embeddings, and per block two norms, attention
-    and the gated MLP."""
+    and (unless dense_mlp is False: a mixture of experts the plugin adds instead) the gated MLP."""
     return {
         **embeddings(),
         **in_block({
             **norms(**LLAMA_NORMS),
             **attention(biases=attention_biases, o_bias=o_bias, qk_norm=qk_norm),
-            **mlp(biases=mlp_biases),
+            **(mlp(biases=mlp_biases) if dense_mlp else {}),
         }),
     }
 
