@@ -129,6 +129,13 @@ class Rope:
         given = p.get_float("attention_factor", default=None, min=0)
         if given is not None:
             return given
+        # PhiMoE names its own: short_mscale within the original context, long_mscale beyond.
+        short_mscale = p.get_float("short_mscale", default=None, min=0)
+        if short_mscale is not None:
+            if p.get_float("long_mscale", default=short_mscale, min=0) != short_mscale:
+                log.warning("%s: llama.cpp has one LongRoPE attention factor; short_mscale is written, so beyond "
+                            "original_max_position_embeddings the model differs from transformers", p.label)
+            return short_mscale
         original = p.get_int("original_max_position_embeddings", min=1)
         scale = p.get_float("factor", default=None, min=0) or self.config.get_int("max_position_embeddings", min=1) / original
         return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
