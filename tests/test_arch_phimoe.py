@@ -10,7 +10,7 @@ no file can change:
 So the logits are compared with transformers' forward with exactly those two swapped for what
 llama.cpp computes (`as_llamacpp_computes`, a patch of the loaded modules, nothing else): every
 tensor, key and layout still has to be right for them to match. A separate test states the gap to
-unpatched transformers (measured 3.6 std at f32; 1.9 from the norms alone, 3.1 from the routing
+unpatched transformers (measured 4.9 std at f32; 2.7 from the norms alone, 3.8 from the routing
 alone), the number docs/architectures.md gives. Tolerances as in tests/test_arch_moe.py.
 """
 
@@ -120,7 +120,7 @@ def test_logits_match_transformers_computing_as_llamacpp(models, converted, kind
 
 def test_llamacpp_differs_from_transformers(models, converted):
     """The gap docs/architectures.md states: llama.cpp's phimoe on our f32 file against unpatched
-    transformers (measured 3.6 std; the same file is within 4e-6 of the patched forward)."""
+    transformers (measured 4.9 std; the same file is within 4e-6 of the patched forward)."""
     model_dir, ids = models["phimoe", "per-expert"]
     expected = transformers_logits(model_dir, ids, patched=False)
     gap = relative_error(llamacpp_logits(converted("phimoe", "per-expert", "f32"), ids), expected)
