@@ -157,3 +157,19 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     model_dir = models[kind, "per-expert"][0]
     theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2")
     assert_same_file(converted(kind, "per-expert", outtype), theirs, KEY_DIFFERENCES, same_order=kind not in OWN_ORDER)
+
+
+# transformers' own GGUF loader undoes the layout independently of us, for the MoE families it reads
+# (transformers/integrations/ggml.py): from our f32 file, the checkpoint's logits.
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["minimax-m2"])
+def test_transformers_gguf_loader_gives_the_original_logits(models, converted, kind, layout, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    (tmp_path / "model.gguf").symlink_to(converted(kind, layout, "f32"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf", dtype=torch.float32).eval()
+    _, ids, expected = models[kind, layout]
+    with torch.no_grad():
+        got = model(torch.tensor([ids])).logits[0].float().numpy()
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * float(np.abs(expected).max()))
