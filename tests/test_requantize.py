@@ -218,6 +218,38 @@ def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with
     _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
 
 
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+def test_mxfp4_moe_on_qwen3moe_is_llama_quantize(models, imatrices, tmp_path, with_imatrix):
+    """MXFP4_MOE: the expert stacks MXFP4, everything else quantizable Q8_0, from `convert
+    --outtype` and from `quantize`, and the file runs in llama.cpp. Both types ignore an imatrix,
+    so with one only the quantize.imatrix.* keys differ, as in llama-quantize."""
+    _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix, run=True)
+    _check_quantize(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix)
+    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(tmp_path / "ours.gguf").tensors}
+    assert types["blk.0.ffn_up_exps.weight"] == types["blk.1.ffn_down_exps.weight"] == GGMLType.MXFP4
+    assert types["blk.0.attn_q.weight"] == types["output.weight"] == GGMLType.Q8_0
+
+
+def test_mxfp4_moe_file_is_read_back_for_requantizing_and_inspect(models, tmp_path):
+    """An MXFP4 input is decoded (dequantize) as llama.cpp decodes it: requantizing the MXFP4_MOE
+    file to Q4_K_M gives llama-quantize's bytes; the command line takes the preset and the type."""
+    model_dir, f32 = models["qwen3moe"]
+    mxfp4 = tmp_path / "mxfp4.gguf"
+    _cli("convert", model_dir, mxfp4, "--outtype", "mxfp4_moe", "-q")
+    assert llama_quantize(f32, tmp_path / "theirs-mxfp4.gguf", get_preset("MXFP4_MOE").file_type) == 0
+    assert_same_file(mxfp4, tmp_path / "theirs-mxfp4.gguf")
+    assert llama_quantize(mxfp4, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, allow_requantize=True) == 0
+    _cli("quantize", mxfp4, tmp_path / "ours.gguf", "Q4_K_M", "--allow-requantize", "-q")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    # MXFP4 as a tensor type wherever types are accepted
+    assert llama_quantize(f32, tmp_path / "theirs-tt.gguf", get_preset("Q8_0").file_type,
+                          tensor_types=[("ffn_.*_exps", GGMLType.MXFP4)]) == 0
+    _cli("quantize", f32, tmp_path / "ours-tt.gguf", "Q8_0", "--tensor-type", "ffn_.*_exps=mxfp4", "-q")
+    assert_same_file(tmp_path / "ours-tt.gguf", tmp_path / "theirs-tt.gguf")
+    listing = _cli("inspect", mxfp4).stdout
+    assert "blk.0.ffn_gate_exps.weight" in listing and "MXFP4" in listing
+
+
 def test_q2_k_s_needs_an_imatrix(models, imatrices, tmp_path):
     _, f32 = models["llama"]
     assert llama_quantize(f32, tmp_path / "theirs.gguf", get_preset("Q2_K_S").file_type) != 0
