@@ -58,18 +58,28 @@ def nearest_codes(values: np.ndarray, half_scale: np.ndarray) -> np.ndarray:
     |code value * half_scale - value| in float32.
 
     A negative table entry is never strictly nearer to a value >= 0 than its positive twin, which
-    comes first, and for a value < 0 the positive entries are no nearer than +0: so the search
-    is over the eight magnitudes against |value|, and the sign bit is set afterwards for negative
-    values whose nearest level is not zero."""
+    comes first, and for a value < 0 the positive entries are no nearer than +0: so the search is
+    over the eight magnitudes against |value|, and the sign bit is set afterwards for negative
+    values whose nearest level is not zero.
+
+    Over the ascending magnitudes the float32 distances fall, then rise (weakly: rounding is
+    monotone, so it keeps the order of the exact distances but may make neighbours equal). The
+    first least one is therefore the last magnitude whose distance is strictly below its
+    predecessor's (or the first, if none is): a running maximum, with no per-element selects."""
     magnitude = np.abs(values)
-    best = magnitude.copy()  # the distance to level 0
-    codes = np.zeros(values.shape, dtype=np.uint8)
+    previous = magnitude.copy()  # the distance to level 0
+    distance = np.empty_like(magnitude)
+    fell = np.empty(magnitude.shape, dtype=bool)
+    codes = np.zeros(magnitude.shape, dtype=np.uint8)
     for code in range(1, MAGNITUDES.size):
-        distance = np.abs(MAGNITUDES[code] * half_scale - magnitude)
-        nearer = distance < best
-        np.copyto(best, distance, where=nearer)
-        codes[nearer] = code
-    codes[(values < 0) & (codes > 0)] |= 8
+        np.multiply(MAGNITUDES[code], half_scale, out=distance)
+        np.subtract(distance, magnitude, out=distance)
+        np.abs(distance, out=distance)
+        np.less(distance, previous, out=fell)
+        np.maximum(codes, fell.view(np.uint8) * np.uint8(code), out=codes)
+        previous, distance = distance, previous
+    negative = (values < 0) & (codes > 0)
+    codes |= negative.view(np.uint8) << np.uint8(3)
     return codes
 
 
