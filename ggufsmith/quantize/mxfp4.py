@@ -103,4 +103,10 @@ def _dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return (CODE_VALUES[codes] * half_scale).reshape(data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.MXFP4, _quantize, _dequantize, supports_importance=True))
+def _invalid_rows(data: np.ndarray) -> np.ndarray:
+    """Rows with an exponent byte of 0xFF: NaN in E8M0, which ggml decodes as 2**127 but its
+    ggml_validate_row_data (and so llama-quantize reading a file) rejects."""
+    return (data.reshape(data.shape[0], -1, BLOCK_BYTES)[:, :, 0] == 0xFF).any(axis=1)
+
+
+register(QuantFormat(GGMLType.MXFP4, _quantize, _dequantize, supports_importance=True, invalid_rows=_invalid_rows))
