@@ -11,8 +11,8 @@ Quantizing (ggml ignores an importance matrix; so do we):
 - amax = the block's largest magnitude; e = floor(log2f(amax)) - 2 + 127, converted to a byte, or 0
   for an all-zero block. In units of 2**(e - 127), amax is then in [4, 8): values beyond 6, the
   largest E2M1 magnitude, are written as 6.
-- every value takes the first code, in table order (+0, +levels, -0, -levels), whose level * d is
-  nearest to it in float32: ties go to the smaller magnitude, and a negative value that rounds to
+- every value takes the first code, in table order (+0, +levels, -0, -levels), whose doubled level
+  times 2**(e - 128) is nearest to it in float32: ties go to the smaller magnitude, and a negative value that rounds to
   zero is written as +0 (code 0).
 
 Two details of the C code matter at the edges, and both are reproduced:
@@ -20,8 +20,8 @@ Two details of the C code matter at the edges, and both are reproduced:
   can round up to it. We compute log2 in float64 and round it to float32, which is what a correctly
   rounded log2f returns.
 - For amax below 2**-125 the exponent is negative, and the C cast to uint8_t keeps its low byte
-  (x86-64 converts through a 32-bit integer). The scale is then enormous and every value of the
-  block is written as code 0.
+  (x86-64 converts through a 32-bit integer; the tests check it against the compiled ggml). The
+  scale is then enormous and every value of the block is written as code 0.
 
 Layout (ggml-common.h's block_mxfp4): e, then qs[16]; byte j holds value j in its low nibble and
 value j + 16 in its high nibble.
