@@ -110,6 +110,10 @@ def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
+    return _imatrix_files(models, tmp_path_factory)
+
+
+def _imatrix_files(models, tmp_path_factory):
     """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
     out = {}
     for name, (_, f32) in models.items():
@@ -455,3 +459,47 @@ def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == names
     for name in names:
         assert_same_file(tmp_path / "ours" / name, tmp_path / "theirs" / name)
+
+
+# Issue 17: llama-quantize's rules for state-space models (which recurrent tensors stay F32: A, D,
+# the conv kernel, the grouped norm; which are quantized: the in/out projections), every preset
+# through `convert --outtype PRESET`, and the presets that need an importance matrix with one.
+SSM_MODELS = {
+    # hidden 256 so that the K-quants' 256-blocks fit ssm_in's rows; in_proj: 2 x 512 + 2 x 2 x 16 + 8 rows
+    "mamba2": dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
+                   expand=2, chunk_size=16),
+}
+SSM_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True)]
+
+
+@pytest.fixture(scope="module")
+def ssm_models(tmp_path_factory):
+    import torch
+    import transformers
+
+    out = {}
+    for name, config in SSM_MODELS.items():
+        model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
+        (model_dir / "model.safetensors").unlink()
+        (model_dir / "config.json").unlink()
+        torch.manual_seed(3)
+        model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(vocab_size=2000, **config))
+        randomize_weights(model.eval(), 3)
+        model.save_pretrained(model_dir)
+        f32 = model_dir.parent / f"{name}-f32.gguf"
+        ggufsmith.convert(model_dir, f32, "f32")
+        out[name] = (model_dir, f32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ssm_imatrices(ssm_models, tmp_path_factory):
+    return _imatrix_files(ssm_models, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "with_imatrix"), SSM_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in SSM_CASES])
+@pytest.mark.parametrize("model", list(SSM_MODELS))
+def test_convert_every_preset_ssm(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix):
+    _convert_preset_check(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix)
