@@ -1,8 +1,8 @@
 """PhiMoE (Phi-3.5-MoE) converted by ggufsmith, in both expert layouts, against llama.cpp and
 transformers.
 
-llama.cpp's phimoe graph computes two things otherwise than transformers' PhimoeForCausalLM, which
-no file can change:
+llama.cpp's phimoe graph computes two things otherwise than transformers' PhimoeForCausalLM (the
+file is written as llama.cpp's converter writes it, see docs/architectures.md):
 - its norms are RMSNorms plus the bias, where transformers' are LayerNorms (the mean subtracted);
 - it weights the top-2 experts by a softmax over all router logits renormalized over the two, where
   transformers' SparseMixer (eval mode) gives each of the two the softmax over only the experts

@@ -60,12 +60,13 @@ class PhiMoe(Phi3):
     """Phi-3.5-MoE (`PhiMoEForCausalLM` in its config.json, transformers' `PhimoeForCausalLM`):
     Mixtral's blocks (separate q/k/v, 16 experts, top-2) with LayerNorms (weight and bias), biases
     on the attention and the output head, and Phi-3's rope (LongRoPE, attention factor from
-    short_mscale). llama.cpp's phimoe computes two things otherwise than transformers, which no file
-    can change: the norms are RMSNorms (plus the bias: no mean subtracted), and the top-2 experts
-    are weighted by a softmax over the router's logits renormalized over the two, where transformers'
-    SparseMixer gives each of the two the softmax over only the experts within a relative 2 x
-    router_jitter_noise of it (for most tokens 1 and 1). Converted anyway, as llama.cpp's converter
-    does (such files are in use), with a warning; the measured gap is in docs/architectures.md."""
+    short_mscale). llama.cpp's phimoe computes two things otherwise than transformers: the norms
+    are RMSNorms (plus the bias: no mean subtracted), and the top-2 experts are weighted by a
+    softmax over the router's logits renormalized over the two, where transformers' SparseMixer
+    gives each of the two the softmax over only the experts within a relative 2 x
+    router_jitter_noise of it (for most tokens 1 and 1). No file can change the routing. Converted
+    as llama.cpp's converter does (such files are in use), with a warning; the measured gap is in
+    docs/architectures.md."""
 
     name = "phimoe"
     hf_classes = ("PhimoeForCausalLM", "PhiMoEForCausalLM")
