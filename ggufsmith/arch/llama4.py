@@ -24,7 +24,7 @@ from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import (LLAMA_NORMS, ROUTER, Decoder, attention, embeddings, expert_keys, experts, in_block, mlp,
                                     norms, shared_expert)
 from ggufsmith.arch.tensors import Dim, Split
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -59,6 +59,7 @@ class Llama4(Decoder):
     }
     f32_tensors = ROUTER
     dim_names = ("moe_step",)
+    feed_forward_keys = ("intermediate_size_mlp",)  # the dense blocks'; intermediate_size is the experts'
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -75,7 +76,8 @@ class Llama4(Decoder):
         no_rope = c.get_list("no_rope_layers", default=None) or [int((i + 1) % interval != 0) for i in range(n_layer)]
         reject(c, no_rope != rope_layers, f"no_rope_layers differ from every {NOPE_PERIOD}th layer without rope")
         chunked = ["chunked_attention" if rope else "full_attention" for rope in rope_layers]
-        reject(c, self.layer_types(chunked) != chunked, "layer_types are not chunked attention in the layers with rope")
+        reject(c, c.get_list("layer_types", default=chunked) != chunked,
+               "layer_types are not chunked attention in the layers with rope")
         reject(c, c.get_int("attention_chunk_size", default=0) != CHUNK, f"attention_chunk_size is not {CHUNK}")
         tuning = c.get("attn_temperature_tuning")  # true, or a number as in Scout's config.json
         reject(c, not isinstance(tuning, (bool, int)) or not tuning, "attn_temperature_tuning is off")
@@ -85,14 +87,8 @@ class Llama4(Decoder):
                f"use_qk_norm is {c.get_bool('use_qk_norm')} (llama.cpp's is on unless there are 128 experts)")
         reject(c, c.get_bool("attention_bias", default=False), "attention_bias is set")
 
-    def layer_types(self, default: list[str]) -> list[str]:
-        return self.config.get_list("layer_types", default=default)
-
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
-        # feed_forward_length is the dense layers' width; intermediate_size the experts'
-        keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), c.get_int("intermediate_size_mlp", min=1),
-                              GGUFValueType.UINT32)
         keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         expert_keys(keys, c)
         keys.u32(Keys.LLM.INTERLEAVE_MOE_LAYER_STEP, self.moe_step)
