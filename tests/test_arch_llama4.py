@@ -139,3 +139,45 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     model_dir = models[kind][0]
     theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2")
     assert_same_file(converted(kind, outtype), theirs, KEY_DIFFERENCES)
+
+
+# The published models' text_config (Scout: 16 experts in every block, llama3 rope scaling with equal
+# low and high factors; Maverick: 128 experts every 2nd block, no q/k norm, no scaling), abridged to
+# what the plugin reads.
+SCOUT = dict(hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384, num_hidden_layers=48,
+             num_attention_heads=40, num_key_value_heads=8, head_dim=128, num_local_experts=16, num_experts_per_tok=1,
+             interleave_moe_layer_step=1, max_position_embeddings=10485760, rms_norm_eps=1e-5, vocab_size=202048,
+             rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=16.0, low_freq_factor=1.0,
+                                                    high_freq_factor=1.0, original_max_position_embeddings=8192),
+             attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1, use_qk_norm=True,
+             no_rope_layers=[int((i + 1) % 4 != 0) for i in range(48)], moe_layers=list(range(48)))
+MAVERICK = dict(SCOUT, num_local_experts=128, interleave_moe_layer_step=2, intermediate_size_mlp=16384,
+                rope_scaling=None, use_qk_norm=False, moe_layers=list(range(1, 48, 2)))
+
+
+@pytest.mark.parametrize("text_config", [SCOUT, MAVERICK], ids=["scout", "maverick"])
+def test_published_configs_are_accepted_with_transformers_rope(text_config):
+    """The plugin takes the published configs (as Llama4ForConditionalGeneration's text_config), and
+    Scout's rope_freqs give transformers' own llama3 frequencies (its equal low and high factors
+    leave no interpolated band)."""
+    import torch
+    from transformers import Llama4TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ggufsmith.arch.llama4 import Llama4
+    from ggufsmith.readers.config import HFConfig
+
+    plugin = Llama4(HFConfig({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+                              "text_config": text_config}))
+    keys = {k: v.plain() for k, v in plugin.metadata().items()}
+    assert (keys["llama4.feed_forward_length"], keys["llama4.expert_feed_forward_length"]) == (16384, 8192)
+    assert keys["llama4.interleave_moe_layer_step"] == text_config["interleave_moe_layer_step"]
+    extra = plugin.extra_tensors()
+    if text_config["rope_scaling"] is None:
+        assert extra == {}
+        return
+    divisors = extra["rope_freqs.weight"].load()
+    expected, _ = ROPE_INIT_FUNCTIONS["llama3"](Llama4TextConfig(**text_config), torch.device("cpu"))
+    ours = 1.0 / (divisors * 500000.0 ** (np.arange(0, 128, 2) / 128))
+    np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6)
+    assert 1.0 < divisors.max() and divisors.min() == 1.0

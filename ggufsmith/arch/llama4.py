@@ -79,7 +79,7 @@ class Llama4(Decoder):
         reject(c, c.get_list("layer_types", default=chunked) != chunked,
                "layer_types are not chunked attention in the layers with rope")
         reject(c, c.get_int("attention_chunk_size", default=0) != CHUNK, f"attention_chunk_size is not {CHUNK}")
-        tuning = c.get("attn_temperature_tuning")  # true, or a number as in Scout's config.json
+        tuning = c.get("attn_temperature_tuning")  # true, or a number, which transformers reads as a truth value
         reject(c, not isinstance(tuning, (bool, int)) or not tuning, "attn_temperature_tuning is off")
         for key, value in TEMPERATURE.items():
             reject(c, c.get_float(key) != value, f"{key} is not {value:g}")
