@@ -13,8 +13,8 @@ src/models/llama4.cpp and its converter's Llama4Model.
   tokens and L2-normalize queries and keys after rope (use_qk_norm, not in the 128-expert model).
 llama.cpp fixes all of that but the MoE step: the NoPE period (4), the chunk size (8192), the
 temperature (floor 8192, scale 0.1) and the q/k norm (on unless 128 experts). A config that asks
-for something else is refused, as are configs without chunked attention (MobileLLM: llama.cpp's
-file would put a NoPE layer last and no temperature input) and without experts.
+for something else is refused, as are configs without experts or without chunked attention
+(MobileLLM: llama.cpp's graph without chunks leaves the last block, and only it, without rope).
 """
 
 from __future__ import annotations
