@@ -180,6 +180,7 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    feed_forward_keys: tuple[str, ...] = ("intermediate_size",)  # config names of the (dense) MLP's width
     yarn_handled: tuple[str, ...] = ()  # yarn parameters the plugin writes itself (Rope.write_scaling_keys)
     yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
     # Old checkpoints store the rotary frequencies; they follow from the config.
@@ -207,7 +208,7 @@ class Decoder(Architecture):
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
         keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int(*self.context_keys, default=None, min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int(*self.feed_forward_keys, min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
