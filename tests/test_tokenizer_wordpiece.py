@@ -4,8 +4,8 @@ vocabularies, from tokenizer.json and from a bare vocab.txt.
 
 The texts mix scripts, accents (precomposed and combining), Chinese (split per character),
 punctuation and symbols, casing, digits and whitespace of several kinds. Where llama.cpp's WPM is
-known to differ from transformers (docs/tokenizers.md: words of more than 100 characters,
-case mappings of more than one character), the texts stay clear of it; those are asserted apart.
+known to differ from transformers (docs/tokenizers.md: words of more than 100 characters), the
+texts stay clear of it; that difference is asserted apart.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_vocab_txt_folder_is_detected_and_gets_its_own_special_ids(tokenizer_dir
     assert keys[Keys.Tokenizer.NORMALIZER_LOWERCASE].value is False
 
 
-def test_long_words_and_multi_character_case_mappings_are_known_differences(tokenizer_dirs, tmp_path):
+def test_words_of_more_than_100_characters_are_a_known_difference(tokenizer_dirs, tmp_path):
     """What docs/tokenizers.md lists: transformers gives [UNK] for a word of more than 100
     characters where llama.cpp tokenizes it; if this starts to agree, the docs should say so."""
     model_dir = tokenizer_dirs["uncased-json"]
