@@ -11,6 +11,7 @@ texts stay clear of it; that difference is asserted apart.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,10 @@ def tokenizer_dirs(tmp_path_factory) -> dict[str, Path]:
     dirs["cased-strip-accents"] = root / "cased-strip-accents"
     write_vocab_txt_only(root / "uncased-json", dirs["cased-strip-accents"], lowercase=False)
     write_tokenizer_config(dirs["cased-strip-accents"], strip_accents=True)
+    # A tokenizer class that keeps tokenizer.json's own normalizer (cased), whatever do_lower_case says.
+    dirs["cased-generic-class"] = root / "cased-generic-class"
+    shutil.copytree(dirs["cased-json"], dirs["cased-generic-class"])
+    write_tokenizer_config(dirs["cased-generic-class"], tokenizer_class="PreTrainedTokenizerFast", do_lower_case=True)
     return dirs
 
 
@@ -74,7 +79,7 @@ def _llama_ids(model_dir: Path, tmp_path: Path, texts: list[str]) -> list[list[i
         vocab.close()
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, "cased-strip-accents"])
+@pytest.mark.parametrize("variant", [*VARIANTS, "cased-strip-accents", "cased-generic-class"])
 def test_llama_cpp_tokenizes_as_transformers(tokenizer_dirs, tmp_path, variant):
     model_dir = tokenizer_dirs[variant]
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)

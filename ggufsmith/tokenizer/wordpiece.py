@@ -118,29 +118,40 @@ def _read_vocab_txt(path: Path) -> list[str]:
 
 
 def _normalization(tokenizer_json: dict[str, Any], json_path: Path, files: TokenizerFiles) -> BertNormalization:
+    """What transformers will apply: tokenizer_config.json's options for the BERT tokenizer classes
+    (and a folder without tokenizer.json), else tokenizer.json's own normalizer."""
     config_path = files.model_dir / TOKENIZER_CONFIG
     config = files.tokenizer_config
     tokenizer_class = get_typed(config, "tokenizer_class", str, config_path)
+    if tokenizer_json and tokenizer_class is not None and tokenizer_class not in _CONFIG_NORMALIZER_CLASSES:
+        return _tokenizer_json_normalization(tokenizer_json, json_path)
+    return BertNormalization(
+        lowercase=get_typed(config, "do_lower_case", bool, config_path, default=True),
+        strip_accents=get_typed(config, "strip_accents", bool, config_path),
+        chinese_chars=get_typed(config, "tokenize_chinese_chars", bool, config_path, default=True),
+        clean_text=True,
+    )
+
+
+def _tokenizer_json_normalization(tokenizer_json: dict[str, Any], json_path: Path) -> BertNormalization:
+    """A BertNormalizer, possibly followed by Lowercase / StripAccents steps."""
     steps = component_steps(tokenizer_json.get("normalizer"), "normalizers", json_path, "normalizer")
-    bert_steps = [step for step in steps if step["type"] == "BertNormalizer"]
-    if tokenizer_json and (tokenizer_class not in _CONFIG_NORMALIZER_CLASSES and tokenizer_class is not None):
-        other = [step["type"] for step in steps if step["type"] not in ("BertNormalizer", "Lowercase", "StripAccents")]
-        if other:
-            raise TokenizerError(f"{json_path}: normalizer {other[0]} before WordPiece; llama.cpp's WPM "
-                                 "applies only BertNormalizer's steps")
-        bert = bert_steps[0] if bert_steps else {}
-        lowercase = bool(bert.get("lowercase", False)) or any(s["type"] == "Lowercase" for s in steps)
-        # BertNormalizer's strip_accents null follows lowercase (llama.cpp's default); a lone
-        # Lowercase step strips nothing.
-        strip = bert.get("strip_accents") if bert else False
-        if any(s["type"] == "StripAccents" for s in steps):
-            strip = True
-        return BertNormalization(lowercase, strip, bool(bert.get("handle_chinese_chars", bool(bert))),
-                                 bool(bert.get("clean_text", bool(bert))))
-    lowercase = get_typed(config, "do_lower_case", bool, config_path, default=True)
-    strip = get_typed(config, "strip_accents", bool, config_path)
-    chinese = get_typed(config, "tokenize_chinese_chars", bool, config_path, default=True)
-    return BertNormalization(lowercase, strip, chinese, True)
+    kinds = [step["type"] for step in steps]
+    other = [kind for kind in kinds if kind not in ("BertNormalizer", "Lowercase", "StripAccents")]
+    if other:
+        raise TokenizerError(f"{json_path}: normalizer {other[0]} before WordPiece; llama.cpp's WPM "
+                             "applies only BertNormalizer's steps")
+    bert = next((step for step in steps if step["type"] == "BertNormalizer"), None)
+    bert_lowercase = bool(bert.get("lowercase", True)) if bert else False
+    lowercase = bert_lowercase or "Lowercase" in kinds
+    strip = bert.get("strip_accents") if bert else None
+    strip = (bert_lowercase if strip is None else strip) or "StripAccents" in kinds  # BertNormalizer's rule
+    return BertNormalization(
+        lowercase=lowercase,
+        strip_accents=None if strip == lowercase else strip,  # llama.cpp's default: as lowercase
+        chinese_chars=bool(bert and bert.get("handle_chinese_chars", True)),
+        clean_text=bool(bert and bert.get("clean_text", True)),
+    )
 
 
 def _mark_special_tokens(vocab: Vocabulary, files: TokenizerFiles) -> None:
