@@ -55,6 +55,7 @@ CASES = {
     "relative-position-embeddings": ("json", _config(position_embedding_type="relative_key"), "position_embedding_type"),
     "decoder": ("json", _config(is_decoder=True), "is_decoder"),
     "no-token-types": ("json", _config(type_vocab_size=0), "type_vocab_size"),
+    "token-types-not-the-tensor's": ("json", _config(type_vocab_size=3), "n_token_types = 3 from type_vocab_size"),
     "max-pooling": ("json", _pooling(pooling_mode_mean_tokens=False, pooling_mode_max_tokens=True), "pooling_mode_max_tokens"),
     "mean-and-max-pooling": ("json", _pooling(pooling_mode_max_tokens=True), "1_Pooling/config.json"),
     "pooling-flag-not-bool": ("json", _pooling(pooling_mode_mean_tokens="yes"), "pooling_mode_mean_tokens"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.tensors import T
+from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -85,8 +85,9 @@ class Bert(Architecture):
                                   "after pooling would be left out, and llama.cpp's bert has no such step: "
                                   "its embeddings would not be the model's")
 
-    def dims(self) -> dict[str, int]:
-        return {"n_token_types": self.config.get_int("type_vocab_size", min=1)}
+    def dims(self) -> dict[str, Dim]:
+        count = self.config.get_int("type_vocab_size", min=1)
+        return {"n_token_types": Dim(int(count), count.origin)}
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -102,5 +103,5 @@ class Bert(Architecture):
         pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
         keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
         # A model key under the tokenizer's name: llama.cpp refuses a bert file without it.
-        metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"])
+        metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"].value)
         return metadata
