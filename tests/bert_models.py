@@ -65,19 +65,23 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_bert(model_dir: Path, *, masked_lm: bool = False, seed: int = 0, hidden_size: int = 64) -> Path:
-    """A random-weight BertModel (or BertForMaskedLM) for the tokenizer already in `model_dir`."""
+def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, seed: int = 0,
+               hidden_size: int = 64) -> Path:
+    """A random-weight BertModel (BertForMaskedLM; RobertaModel, whose positions start at
+    pad_token_id + 1 and which has one token type) for the tokenizer already in `model_dir`."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    config = transformers.BertConfig(
+    config = (transformers.RobertaConfig if roberta else transformers.BertConfig)(
         vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
         hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
-        max_position_embeddings=96, type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0,
+        max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
+        pad_token_id=1 if roberta else 0,
     )
     torch.manual_seed(seed)
-    model = (transformers.BertForMaskedLM if masked_lm else transformers.BertModel)(config).eval()
+    model_class = transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
+    model = model_class(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "LayerNorm.weight" in name:
@@ -90,3 +94,25 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, seed: int = 0, hidde
                 param.copy_(0.15 * torch.randn_like(param))
     model.save_pretrained(model_dir)
     return model_dir
+
+
+ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+
+def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
+    """A byte-level BPE with RoBERTa's special tokens and `<s> A </s>` post-processor, saved by
+    transformers' RobertaTokenizer; returns it."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=ROBERTA_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(training_text(), trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", tokenizer.token_to_id("</s>")),
+                                                            ("<s>", tokenizer.token_to_id("<s>")))
+    fast = transformers.RobertaTokenizerFast(tokenizer_object=tokenizer)
+    fast.save_pretrained(model_dir)
+    return fast

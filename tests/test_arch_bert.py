@@ -1,4 +1,4 @@
-"""BERT encoders, converted by ggufsmith, give in llama.cpp (llama-cpp-python, embedding=True, the
+"""BERT and RoBERTa encoders, converted by ggufsmith, give in llama.cpp (llama-cpp-python, embedding=True, the
 pooling from the file) the embeddings transformers' model gives, pooled as sentence-transformers
 pools them; the files equal llama.cpp's convert_hf_to_gguf.py's.
 
@@ -6,7 +6,9 @@ Models (tests/bert_models.py): 3 layers, hidden 64, every weight redrawn large (
 token-type and position embeddings included), in sentence-transformers folders:
   - "mean": BertModel, uncased WordPiece tokenizer, mean pooling;
   - "cls": BertForMaskedLM (names under "bert.", a prediction head to leave out), cased tokenizer,
-    CLS-token pooling.
+    CLS-token pooling;
+  - "roberta": RobertaModel (positions numbered from pad_token_id + 1, one token type), byte-level
+    BPE tokenizer with RoBERTa's `<s> A </s>`, mean pooling.
 Tolerances (max |llama.cpp - transformers| / std of the reference vector, and cosine similarity):
   - f32: 2e-3 and 0.99999; measured 4e-4..1.1e-3 (1 - cosine <= 1e-7). ggml evaluates GELU through
     a float16 table (inputs and outputs rounded to 11 bits), which bounds the agreement near 1e-3:
@@ -28,7 +30,7 @@ import pytest
 
 import ggufsmith
 from ggufsmith.constants import PoolingType
-from tests.bert_models import build_bert, train_wordpiece, write_sentence_transformers_modules
+from tests.bert_models import build_bert, train_roberta_bpe, train_wordpiece, write_sentence_transformers_modules
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -40,7 +42,11 @@ pytestmark = pytest.mark.slow
 MODELS = {
     "mean": dict(lowercase=True, masked_lm=False, pooling="mean"),
     "cls": dict(lowercase=False, masked_lm=True, pooling="cls"),
+    "roberta": dict(roberta=True, pooling="mean"),
 }
+# The tokenizer.ggml.pre the reference is told (it names tokenizers by hashing their ids for a test
+# text, and knows only published ones): ours. llama.cpp reads none for WPM; "gpt-2" is RoBERTa's regex.
+REFERENCE_PRE = {"mean": "default", "cls": "default", "roberta": "gpt-2"}
 OUTTYPES = ("f32", "f16", "q8_0")
 # Per-token f32 states: the max over every component of every token (measured 1.2e-3..2.1e-3).
 TOKEN_TOLERANCE = 3e-3
@@ -60,8 +66,11 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     dirs = {}
     for kind, spec in MODELS.items():
         model_dir = root / kind
-        train_wordpiece(model_dir, lowercase=spec["lowercase"])
-        build_bert(model_dir, masked_lm=spec["masked_lm"])
+        if spec.get("roberta"):
+            train_roberta_bpe(model_dir)
+        else:
+            train_wordpiece(model_dir, lowercase=spec["lowercase"])
+        build_bert(model_dir, masked_lm=spec.get("masked_lm", False), roberta=spec.get("roberta", False))
         write_sentence_transformers_modules(model_dir, spec["pooling"], hidden_size=64)
         dirs[kind] = model_dir
     return dirs
@@ -151,7 +160,7 @@ def test_llama_cpp_tokenizes_as_transformers(converted, reference, kind):
 @pytest.mark.parametrize("kind", MODELS)
 def test_pooling_type_from_the_sentence_transformers_folder(converted, kind):
     keys, tensors = gguf_contents(converted(kind, "f32"))
-    expected = {"mean": PoolingType.MEAN, "cls": PoolingType.CLS}[kind]
+    expected = PoolingType.CLS if MODELS[kind]["pooling"] == "cls" else PoolingType.MEAN
     assert keys["bert.pooling_type"] == int(expected)
     assert keys["bert.attention.causal"] is False
     assert not any(name.startswith(("cls", "pooler")) for name in tensors)
@@ -169,9 +178,7 @@ BERT_KEY_DIFFERENCES = {
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory, kind):
-    # The reference names BERT vocabularies by hashing their tokens of a test text and knows only
-    # published ones; it is told ours, "default" (llama.cpp reads no pre-tokenizer for WPM).
     references = reference_conversions(model_dirs[kind], tmp_path_factory.mktemp(f"bert_ref_{kind}"), OUTTYPES,
-                                       pre="default")
+                                       pre=REFERENCE_PRE[kind])
     for outtype in OUTTYPES:
         assert_same_file(converted(kind, outtype), references[outtype], BERT_KEY_DIFFERENCES)

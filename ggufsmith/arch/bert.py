@@ -7,7 +7,10 @@ norm) with bidirectional attention, and the pooling the file names ({arch}.pooli
 sentence-transformers Pooling module). It has no language-model head: BertForMaskedLM's
 prediction head (`cls.predictions.*`) and BertModel's pooler (a dense layer over the CLS token,
 which sentence-transformers does not use) are left out, as llama.cpp's converter leaves them.
-Every tensor is stored as HF stores it.
+RoBERTa (`RobertaModel`) is the same graph: its position ids start after the padding id
+(pad_token_id + 1, for the tokens of an unpadded text), so the rows before are cut off and the
+context is that much shorter, as llama.cpp's converter does; its tokenizer is a byte-level BPE.
+Every other tensor is stored as HF stores it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.readers.sentence_transformers import read_sentence_transformers
 
 # Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
@@ -56,14 +60,15 @@ _NAMES = {
 
 class Bert(Architecture):
     name = "bert"
-    hf_classes = ("BertModel", "BertForMaskedLM")
-    model_types = ("bert",)
-    tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt
-    # BertForMaskedLM prefixes the encoder with "bert."; BertModel (and sentence-transformers) do not.
-    tensor_names = {**{f"bert.{hf}": entry for hf, entry in _NAMES.items()}, **_NAMES}
+    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel")
+    model_types = ("bert", "roberta")
+    tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
+    # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
+    # and sentence-transformers folders do not.
+    tensor_names = {**{f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}}
     ignored_tensors = (
-        r"(bert\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
-        r"(bert\.)?pooler\.dense\.(weight|bias)",  # BertModel's pooler: not part of the embeddings
+        r"((bert|roberta)\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
+        r"((bert|roberta)\.)?pooler\.dense\.(weight|bias)",  # the pooler: not part of the embeddings
         r"cls\.predictions\..*",  # BertForMaskedLM's language-model head
     )
     dim_names = ("n_token_types",)
@@ -78,6 +83,11 @@ class Bert(Architecture):
         reject(c, c.get_str("position_embedding_type") != "absolute",
                f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not absolute)")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
+        roberta = c.model_type == "roberta" or "RobertaModel" in self.checkpoint_config.architectures
+        # RoBERTa numbers positions from pad_token_id + 1 (RobertaConfig's default padding id is 1).
+        self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
+        if roberta:
+            self.tokenizer_kind = None  # its byte-level BPE (tokenizer.json, or vocab.json + merges.txt)
         self.sentence_transformers = read_sentence_transformers(c.path.parent)
         if self.sentence_transformers and self.sentence_transformers.unsupported_modules():
             folder = self.sentence_transformers
@@ -94,7 +104,8 @@ class Bert(Architecture):
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1))
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=self.position_offset + 1)
+                 - self.position_offset)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
@@ -105,3 +116,9 @@ class Bert(Architecture):
         # A model key under the tokenizer's name: llama.cpp refuses a bert file without it.
         metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"].value)
         return metadata
+
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        if name == "position_embd.weight" and self.position_offset:
+            offset = self.position_offset  # rows of the positions RoBERTa never gives a token of a text
+            return tensor.map(lambda rows: rows[offset:], shape=(tensor.shape[0] - offset, *tensor.shape[1:]))
+        return tensor

@@ -96,7 +96,7 @@ def export_tokenizer(
     differences = TokenizationDifferences(model_dir)
     post_processor = None
     fallback_ids: dict[str, int] = {}
-    add_sep = None  # written for WordPiece only (llama.cpp's default elsewhere)
+    add_sep = None  # tokenizer.ggml.add_sep_token; None: llama.cpp's default for the kind
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
         # Without a SentencePiece-style tokenizer.json to fall back on, a damaged tokenizer.model is
@@ -128,6 +128,8 @@ def export_tokenizer(
         vocab = load_bpe_vocabulary(source, tokenizer_json, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
+        # RoBERTa's </s></s> between a pair of texts; else llama.cpp's default (none) is right
+        add_sep = True if pair_adds_separator(post_processor, source) else None
     elif kind == "gemma4":
         if not is_sentencepiece_style(tokenizer_json):
             raise TokenizerError(f"{json_file}: missing or not a BPE with byte_fallback; a 'gemma4' tokenizer needs it")
