@@ -113,6 +113,8 @@ def converted(model_dirs, tmp_path_factory):
 
 
 def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
+    """One pooled, L2-normalized vector per text with the file's pooling; with
+    pooling_type=NONE, every token's state as it is."""
     llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
                           verbose=False, **options)
     try:
@@ -125,7 +127,7 @@ def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("kind", MODELS)
 def test_pooled_embeddings_match_transformers(converted, reference, kind, outtype):
-    """The pooling comes from the file (mean for one model, the CLS token for the other)."""
+    """The pooling comes from the file (mean, or the CLS token for the "cls" model)."""
     max_error, min_cosine = TOLERANCE[outtype]
     for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(converted(kind, outtype), SENTENCES), reference[kind]):
         expected = pooled(hidden, MODELS[kind]["pooling"])
