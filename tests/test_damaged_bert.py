@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.bert_models import build_bert, train_wordpiece, write_sentence_transformers_modules, write_vocab_txt_only
+from tests.bert_models import (
+    build_bert, train_roberta_bpe, train_wordpiece, write_sentence_transformers_modules, write_vocab_txt_only,
+)
 from tests.damaged_inputs import assert_clean_failure, run_cli
 
 pytest.importorskip("transformers")
@@ -26,7 +28,9 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     for name in ("config.json", "model.safetensors", "modules.json", "1_Pooling"):
         copy = shutil.copytree if (root / "json" / name).is_dir() else shutil.copy
         copy(root / "json" / name, root / "vocab-txt" / name)
-    return {"json": root / "json", "vocab-txt": root / "vocab-txt"}
+    train_roberta_bpe(root / "roberta", vocab_size=300)
+    build_bert(root / "roberta", roberta=True, hidden_size=32)
+    return {"json": root / "json", "vocab-txt": root / "vocab-txt", "roberta": root / "roberta"}
 
 
 def _edit_json(relative: str, edit) -> callable:
@@ -68,6 +72,7 @@ CASES = {
     "dense-after-pooling": ("json", _add_module("Dense", "3_Dense"), "Dense"),
     "other-continuation-prefix": ("json", _edit_json("tokenizer.json", lambda t: t | {
         "model": t["model"] | {"continuing_subword_prefix": "@@"}}), "continuing_subword_prefix"),
+    "roberta-positions-start-past-the-table": ("roberta", _config(pad_token_id=120), "pad_token_id = 120"),
     "vocab-txt-not-utf8": ("vocab-txt", lambda d: (d / "vocab.txt").write_bytes(b"[PAD]\n\xff\xfe\n"), "vocab.txt"),
     "vocab-txt-larger-than-model": ("vocab-txt", lambda d: (d / "vocab.txt").write_text(
         "".join(f"w{i}\n" for i in range(5000))), "vocab_size"),

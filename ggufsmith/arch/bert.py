@@ -88,6 +88,10 @@ class Bert(Architecture):
         self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
         if roberta:
             self.tokenizer_kind = None  # its byte-level BPE (tokenizer.json, or vocab.json + merges.txt)
+            if self.position_offset >= c.get_int("max_position_embeddings", min=1):
+                raise ConversionError(f"{c.label}: pad_token_id = {self.position_offset - 1} leaves no position: "
+                                      "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
+                                      f"is {c.get_int('max_position_embeddings')}")
         self.sentence_transformers = read_sentence_transformers(c.path.parent)
         if self.sentence_transformers and self.sentence_transformers.unsupported_modules():
             folder = self.sentence_transformers
@@ -104,8 +108,7 @@ class Bert(Architecture):
         metadata = Metadata()
         keys = ArchKeys(metadata, self.name)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=self.position_offset + 1)
-                 - self.position_offset)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1) - self.position_offset)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
