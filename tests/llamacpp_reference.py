@@ -46,6 +46,13 @@ TOKENIZER_KEY_DIFFERENCES: dict[str, str] = {
     "tokenizer.ggml.remove_extra_whitespaces": "from SentencePiece's normalizer spec, explicit instead of the default",
 }
 
+# BPE special-token ids ggufsmith writes and the reference leaves to llama.cpp's load-time search.
+EXPLICIT_SPECIAL_IDS: dict[str, str] = {
+    key: "written explicitly; llama.cpp finds the same id by its text at load time"
+    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id"
+                                                 for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
+}
+
 
 def cache_root() -> Path:
     root = os.environ.get("GGUFSMITH_TEST_CACHE") or Path.home() / ".cache" / "ggufsmith-tests"
