@@ -184,7 +184,7 @@ def test_unreadable_json_names_the_file(qwen2_dir):
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda d: d["model"].update(type="Unigram"), "Unigram tokenizer model is not supported"),
+        (lambda d: d["model"].update(type="Unigram"), "model.vocab must be a JSON array"),  # a BPE's vocab
         (lambda d: d["model"].update(byte_fallback=True), "SentencePiece-style BPE with pre-tokenizer 'Sequence'"),
         (lambda d: d["model"].update(continuing_subword_prefix="##"), "continuing_subword_prefix"),
         (lambda d: d["pre_tokenizer"]["pretokenizers"][0]["pattern"].update(Regex=r"\w+"), "regexes not known"),

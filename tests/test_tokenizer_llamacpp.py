@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggufsmith.tokenizer import export_tokenizer
+from ggufsmith.tokenizer import detect_kind, export_tokenizer
 from ggufsmith.errors import TokenizerError
 from tests.tokenizer_helpers import (
     BPE_STYLES,
@@ -174,12 +174,13 @@ def test_sentencepiece_token_types(sp_case):
         assert tokens[i] == sp.id_to_piece(i)
 
 
-def test_sentencepiece_unigram_is_rejected(tmp_path):
+def test_sentencepiece_unigram_is_rejected_as_llama(tmp_path):
     # llama.cpp's "llama" tokenizer merges by score, which reproduces SentencePiece BPE but not the
-    # unigram model's Viterbi segmentation.
+    # unigram model's Viterbi segmentation: a unigram model is a "t5" tokenizer (test_tokenizer_unigram.py).
     model_dir = train_sentencepiece(tmp_path, model_type="unigram")
+    assert detect_kind(model_dir) == "t5"
     with pytest.raises(TokenizerError, match="unigram"):
-        export_tokenizer(model_dir)
+        export_tokenizer(model_dir, kind="llama")
 
 
 def test_sentencepiece_nfkc_normalization_is_refused_only_when_strict(tmp_path):

@@ -9,10 +9,12 @@ Two kinds are supported:
            chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
   "bert"   a WordPiece tokenizer.json or vocab.txt (llama.cpp's WPM tokenizer; wordpiece.py)
+  "t5"     a SentencePiece Unigram: tokenizer.json, spiece.model, sentencepiece.bpe.model or tokenizer.model
+           (llama.cpp's UGM tokenizer; unigram.py)
 What llama.cpp's own converter converts is converted. Where llama.cpp will then tokenize some text
 differently from transformers / sentencepiece (a normalization it does not apply, added tokens that
 strip spaces, ...), one warning says what differs and for which text; with strict=True that is a
-TokenizerError instead. What llama.cpp cannot represent at all (SentencePiece Unigram, suffix
+TokenizerError instead. What llama.cpp cannot represent at all (suffix
 spaces, ...) is always a TokenizerError.
 
 Public readers of the untrusted files (each raises only TokenizerError): load_tokenizer_json(path),
@@ -39,6 +41,7 @@ from .sentencepiece import load_model_proto as load_sentencepiece_model
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
 from .tokenizer_json import load_tokenizer_json
+from .unigram import is_fairseq_model, is_unigram_json, load_unigram_vocabulary, unigram_model_file
 from .wordpiece import (
     VOCAB_TXT, has_vocab_txt, is_wordpiece, load_wordpiece_vocabulary, mark_word_starts, pair_adds_separator,
     special_token_fallbacks,
@@ -47,21 +50,25 @@ from .wordpiece import (
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer", "load_sentencepiece_model",
            "load_tokenizer_json"]
 
-KINDS = ("llama", "gpt2", "gemma4", "rwkv", "bert")
+KINDS = ("llama", "gpt2", "gemma4", "rwkv", "bert", "t5")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
-    """"llama" if tokenizer.model is a SentencePiece model, else from tokenizer.json: "llama" for a
+    """"t5" for a Unigram tokenizer.json, or a Unigram SentencePiece model (spiece.model,
+    sentencepiece.bpe.model, tokenizer.model) without another tokenizer.json; "llama" if
+    tokenizer.model is a SentencePiece (BPE) model, else from tokenizer.json: "llama" for a
     SentencePiece-style BPE (byte_fallback), "bert" for WordPiece, "gpt2" for anything else (checked
     when exported); without either, "bert" for a vocab.txt.
     `tokenizer_json` is the already parsed tokenizer.json, if the caller has it."""
     model_file = model_dir / TOKENIZER_MODEL
     json_file = model_dir / TOKENIZER_JSON
+    if json_file.is_file() and tokenizer_json is None:
+        tokenizer_json = load_tokenizer_json(json_file)
+    if is_unigram_json(tokenizer_json or {}) or (not json_file.is_file() and unigram_model_file(model_dir)):
+        return "t5"
     if model_file.is_file() and (not json_file.is_file() or is_sentencepiece_model(model_file)):
         return "llama"
     if json_file.is_file():
-        if tokenizer_json is None:
-            tokenizer_json = load_tokenizer_json(json_file)
         if is_wordpiece(tokenizer_json):
             return "bert"
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
@@ -147,6 +154,13 @@ def export_tokenizer(
         fallback_ids = special_token_fallbacks(vocab)
         default_add_bos, default_add_eos = True, True  # BertTokenizer: [CLS] text [SEP]
         add_sep = pair_adds_separator(post_processor, json_file)
+    elif kind == "t5":
+        vocab, fallback_ids = load_unigram_vocabulary(model_dir, tokenizer_json, json_file, files, differences)
+        post_processor = tokenizer_json.get("post_processor")
+        default_add_bos, default_add_eos = False, True  # T5Tokenizer: text </s>
+        add_sep = True if pair_adds_separator(post_processor, json_file) else None  # XLM-R's </s></s>
+        if post_processor is None and is_fairseq_model(vocab.source):
+            default_add_bos, add_sep = True, True  # XLMRobertaTokenizer: <s> A </s></s> B </s>
     else:
         raise TokenizerError(f"{model_dir}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
 
