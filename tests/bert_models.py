@@ -65,22 +65,24 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, seed: int = 0,
+def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False, seed: int = 0,
                hidden_size: int = 64) -> Path:
-    """A random-weight BertModel (BertForMaskedLM; RobertaModel, whose positions start at
-    pad_token_id + 1 and which has one token type) for the tokenizer already in `model_dir`."""
+    """A random-weight BertModel (BertForMaskedLM; RobertaModel or XLMRobertaModel, whose positions
+    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    config = (transformers.RobertaConfig if roberta else transformers.BertConfig)(
+    roberta = roberta or xlmr
+    config_class = transformers.XLMRobertaConfig if xlmr else transformers.RobertaConfig if roberta else transformers.BertConfig
+    config = config_class(
         vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
         hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
         max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
         pad_token_id=1 if roberta else 0,
     )
     torch.manual_seed(seed)
-    model_class = transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
+    model_class = transformers.XLMRobertaModel if xlmr else transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
     model = model_class(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -116,3 +118,25 @@ def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
     fast = transformers.RobertaTokenizerFast(tokenizer_object=tokenizer)
     fast.save_pretrained(model_dir)
     return fast
+
+
+def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
+    """A SentencePiece Unigram model (nmt_nfkc normalization) in XLM-RoBERTa's sentencepiece.bpe.model,
+    saved by transformers' XLMRobertaTokenizer as XLM-R folders ship it (tokenizer.json, whose ids
+    fairseq shifted); returns it."""
+    import io
+
+    import sentencepiece as spm
+    import transformers
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(training_text()), model_writer=buffer, model_type="unigram",
+                                   vocab_size=vocab_size, character_coverage=0.9995, hard_vocab_limit=False,
+                                   minloglevel=2)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "sentencepiece.bpe.model").write_bytes(buffer.getvalue())
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
+    tokenizer.save_pretrained(model_dir)
+    return tokenizer

@@ -60,8 +60,8 @@ _NAMES = {
 
 class Bert(Architecture):
     name = "bert"
-    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel")
-    model_types = ("bert", "roberta")
+    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel")
+    model_types = ("bert", "roberta", "xlm-roberta")
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
@@ -83,11 +83,14 @@ class Bert(Architecture):
         reject(c, c.get_str("position_embedding_type") != "absolute",
                f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not absolute)")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
-        roberta = c.model_type == "roberta" or "RobertaModel" in self.checkpoint_config.architectures
+        # XLM-RoBERTa (BGE-M3, multilingual-e5) is RoBERTa with a SentencePiece Unigram tokenizer.
+        roberta = c.model_type in ("roberta", "xlm-roberta") or any(
+            name in self.checkpoint_config.architectures for name in ("RobertaModel", "XLMRobertaModel"))
         # RoBERTa numbers positions from pad_token_id + 1 (RobertaConfig's default padding id is 1).
         self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
         if roberta:
-            self.tokenizer_kind = None  # its byte-level BPE (tokenizer.json, or vocab.json + merges.txt)
+            # detected: RoBERTa's byte-level BPE (tokenizer.json, or vocab.json + merges.txt), XLM-R's Unigram
+            self.tokenizer_kind = None
             if self.position_offset >= c.get_int("max_position_embeddings", min=1):
                 raise ConversionError(f"{c.label}: pad_token_id = {self.position_offset - 1} leaves no position: "
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
