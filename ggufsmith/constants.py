@@ -327,6 +327,7 @@ class Keys:
         EXPERT_USED_COUNT = "{arch}.expert_used_count"
         LOGIT_SCALE = "{arch}.logit_scale"
         DECODER_START_TOKEN_ID = "{arch}.decoder_start_token_id"
+        DECODER_BLOCK_COUNT = "{arch}.decoder_block_count"  # T5's (Whisper's is decoder.block_count)
         # Keys of the newer families, as llama.cpp's llama-arch.cpp names them.
         EMBEDDING_LENGTH_OUT = "{arch}.embedding_length_out"
         EMBEDDING_LENGTH_PER_LAYER_INPUT = "{arch}.embedding_length_per_layer_input"
@@ -366,6 +367,7 @@ class Keys:
         VALUE_LENGTH = "{arch}.attention.value_length"
         LAYERNORM_EPS = "{arch}.attention.layer_norm_epsilon"
         LAYERNORM_RMS_EPS = "{arch}.attention.layer_norm_rms_epsilon"
+        REL_BUCKETS_COUNT = "{arch}.attention.relative_buckets_count"
         CAUSAL = "{arch}.attention.causal"
         SLIDING_WINDOW = "{arch}.attention.sliding_window"
         SLIDING_WINDOW_PATTERN = "{arch}.attention.sliding_window_pattern"

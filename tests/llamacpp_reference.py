@@ -186,16 +186,19 @@ def gguf_contents(path: Path) -> tuple[dict, dict]:
     return fields, tensors
 
 
-def assert_same_file(ours: Path, theirs: Path, key_differences: dict[str, str], *, same_order: bool = True) -> None:
+def assert_same_file(ours: Path, theirs: Path, key_differences: dict[str, str], *, same_order: bool = True,
+                     extra_tensors: tuple[str, ...] = ()) -> None:
     """Same keys and values (floats to 1e-6), same tensors in the same order with the same shapes,
     types and bytes — apart from the keys in `key_differences` (key -> the reason it differs).
     same_order=False: the same tensors in any order (where the reference's order is its own choice).
+    extra_tensors: tensors only ours has (the caller checks them and says why).
     Q8_0 data may differ by one quant on an exact .5 tie: gguf-py rounds halves to even where ggml
     (and ggufsmith) round them away from zero."""
     import gguf
     import numpy as np
 
     ours_k, ours_t = gguf_contents(ours)
+    ours_t = {name: value for name, value in ours_t.items() if name not in extra_tensors}
     theirs_k, theirs_t = gguf_contents(theirs)
     only_one = sorted(set(ours_k) ^ set(theirs_k))
     assert only_one == sorted(k for k in key_differences if (k in ours_k) != (k in theirs_k)), \

@@ -16,13 +16,12 @@ Every other tensor is stored as HF stores it.
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
-from ggufsmith.readers.sentence_transformers import read_sentence_transformers
 
 # Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
 # approximation differ by less than the float16 table llama.cpp evaluates GELU through).
@@ -95,12 +94,7 @@ class Bert(Architecture):
                 raise ConversionError(f"{c.label}: pad_token_id = {self.position_offset - 1} leaves no position: "
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
                                       f"is {c.get_int('max_position_embeddings')}")
-        self.sentence_transformers = read_sentence_transformers(c.path.parent)
-        if self.sentence_transformers and self.sentence_transformers.unsupported_modules():
-            folder = self.sentence_transformers
-            raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules())} module(s) "
-                                  "after pooling would be left out, and llama.cpp's bert has no such step: "
-                                  "its embeddings would not be the model's")
+        self.sentence_transformers = sentence_transformers_folder(c, self.name)
 
     def dims(self) -> dict[str, Dim]:
         count = self.config.get_int("type_vocab_size", min=1)

@@ -15,6 +15,7 @@ import numpy as np
 from ggufsmith.arch.tensors import T
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder, read_sentence_transformers
 from ggufsmith.errors import ConversionError
 
 
@@ -86,3 +87,15 @@ FFN_DOWN = T("ffn_down", "n_embd", "n_ff")
 OUTPUT_NORM = T("output_norm", "n_embd")
 TOKEN_EMBD = T("token_embd.weight", "n_vocab", "n_embd")
 OUTPUT = T("output.weight", "n_vocab", "n_embd", optional=True)  # llama.cpp falls back to token_embd
+
+
+def sentence_transformers_folder(config: HFConfig, arch: str) -> SentenceTransformersFolder | None:
+    """The sentence-transformers modules beside config.json (None when there are none), refused when
+    a module after pooling (a Dense projection, ...) would be left out: llama.cpp's `arch` graph has
+    no such step, so its embeddings would not be the model's."""
+    folder = read_sentence_transformers(config.path.parent)
+    if folder and folder.unsupported_modules():
+        raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules())} module(s) "
+                              f"after pooling would be left out, and llama.cpp's {arch} has no such step: "
+                              "its embeddings would not be the model's")
+    return folder

@@ -20,7 +20,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "phi3", "glm4", "minimax", "exaone4", "mistral3", "apertus",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
     "mamba", "rwkv", "whisper",
-    "bert",
+    "bert", "t5",
 )
 
 

@@ -158,7 +158,7 @@ def export_tokenizer(
         vocab, fallback_ids = load_unigram_vocabulary(model_dir, tokenizer_json, json_file, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, True  # T5Tokenizer: text </s>
-        add_sep = True if pair_adds_separator(post_processor, json_file) else None  # XLM-R's </s></s>
+        add_sep = pair_adds_separator(post_processor, json_file)  # XLM-R's </s></s>; T5's pair has one </s>
         if post_processor is None and is_fairseq_model(vocab.source):
             default_add_bos, add_sep = True, True  # XLMRobertaTokenizer: <s> A </s></s> B </s>
     else:
