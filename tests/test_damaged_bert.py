@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.bert_models import (
-    build_bert, train_roberta_bpe, train_wordpiece, write_sentence_transformers_modules, write_vocab_txt_only,
+    build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
+    write_vocab_txt_only,
 )
 from tests.damaged_inputs import assert_clean_failure, run_cli
 
@@ -30,7 +31,9 @@ def originals(tmp_path_factory) -> dict[str, Path]:
         copy(root / "json" / name, root / "vocab-txt" / name)
     train_roberta_bpe(root / "roberta", vocab_size=300)
     build_bert(root / "roberta", roberta=True, hidden_size=32)
-    return {"json": root / "json", "vocab-txt": root / "vocab-txt", "roberta": root / "roberta"}
+    train_xlmr_unigram(root / "xlmr", vocab_size=400)
+    build_bert(root / "xlmr", xlmr=True, hidden_size=32)
+    return {"json": root / "json", "vocab-txt": root / "vocab-txt", "roberta": root / "roberta", "xlmr": root / "xlmr"}
 
 
 def _edit_json(relative: str, edit) -> callable:
@@ -76,6 +79,14 @@ CASES = {
     "vocab-txt-not-utf8": ("vocab-txt", lambda d: (d / "vocab.txt").write_bytes(b"[PAD]\n\xff\xfe\n"), "vocab.txt"),
     "vocab-txt-larger-than-model": ("vocab-txt", lambda d: (d / "vocab.txt").write_text(
         "".join(f"w{i}\n" for i in range(5000))), "vocab_size"),
+    # XLM-RoBERTa's Unigram tokenizer.json
+    "unigram-entry-not-piece-and-score": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
+        "model": t["model"] | {"vocab": [["<s>", 0.0], "oops", *t["model"]["vocab"][2:]]}}), "model.vocab[1]"),
+    "unigram-charsmap-not-base64": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
+        "normalizer": {"type": "Precompiled", "precompiled_charsmap": "not base64!"}}), "precompiled_charsmap"),
+    "unigram-whitespace-pre-tokenizer": ("xlmr", lambda d: (_edit_json("tokenizer.json", lambda t: t | {
+        "pre_tokenizer": {"type": "Whitespace"}})(d), _edit_json("tokenizer_config.json", lambda c: c | {
+            "tokenizer_class": "PreTrainedTokenizerFast"})(d)), "pre-tokenizer Whitespace"),
 }
 
 
