@@ -86,7 +86,6 @@ def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
 class _GatedDeltaNetHybrid(Decoder):
     """What Qwen3-Next and Qwen3.5 share: the layer pattern, the delta-net's keys and layouts."""
 
-    tokenizer_kind = "gpt2"
     f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight", r"blk\.\d+\.ssm_conv1d\.weight")
     dim_names = ("is_recurrent",)
     tiles_value_heads = False  # llama.cpp's graph shares key heads by tiling (Qwen3.5), not grouping
