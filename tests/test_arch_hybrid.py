@@ -104,3 +104,43 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, kind, outtype):
     theirs = reference_convert(model_dir, model_dir.parent / f"{kind}-reference-{outtype}.gguf", outtype, pre="qwen2",
                                extra_args=("--no-mtp",))
     assert_same_file(converted(kind, outtype), theirs, KEY_DIFFERENCES, ulps_apart={r"blk\.\d+\.ssm_a": 1})
+
+
+def test_multimodal_checkpoint_converts_to_its_language_model(models, converted, tmp_path, caplog):
+    """A Qwen3_5ForConditionalGeneration holding the qwen35 test model as its language model, with a
+    vision tower and a multi-token-prediction layer: the same tensors and keys as the text model's
+    file (but general.name), the tower and the mtp.* tensors left out with a notice each."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+
+    from tests.llamacpp_reference import gguf_contents
+
+    text_dir = models["qwen35"][0]
+    text = {k: v for k, v in json.loads((text_dir / "config.json").read_text()).items()
+            if k not in ("architectures", "model_type", "transformers_version", "dtype")}
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=dict(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64))
+    model = transformers.Qwen3_5ForConditionalGeneration(config)
+    weights = transformers.Qwen3_5ForCausalLM.from_pretrained(text_dir).state_dict()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.replace("model.language_model.", "model.") in weights:
+                param.copy_(weights[name.replace("model.language_model.", "model.")])
+    model_dir = tmp_path / "qwen35-vl"
+    model.save_pretrained(model_dir)
+    tensors = load_file(model_dir / "model.safetensors")
+    tensors["mtp.fc.weight"] = np.ones((64, 128), np.float32)  # as the published checkpoints carry
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    for tokenizer_file in text_dir.glob("*token*"):
+        (model_dir / tokenizer_file.name).write_bytes(tokenizer_file.read_bytes())
+
+    ggufsmith.convert(model_dir, tmp_path / "vl.gguf", outtype="f32")
+    ours_keys, ours_tensors = gguf_contents(tmp_path / "vl.gguf")
+    text_keys, text_tensors = gguf_contents(converted("qwen35", "f32"))
+    assert ours_tensors == text_tensors
+    assert {k: v for k, v in ours_keys.items() if k != "general.name"} == \
+        {k: v for k, v in text_keys.items() if k != "general.name"}
+    assert "the vision tower" in caplog.text and "multi-token-prediction" in caplog.text
