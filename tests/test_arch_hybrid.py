@@ -144,3 +144,16 @@ def test_multimodal_checkpoint_converts_to_its_language_model(models, converted,
     assert {k: v for k, v in ours_keys.items() if k != "general.name"} == \
         {k: v for k, v in text_keys.items() if k != "general.name"}
     assert "the vision tower" in caplog.text and "multi-token-prediction" in caplog.text
+
+
+def test_fused_experts_give_the_same_file(models, converted, tmp_path):
+    """transformers 5's fused expert stacks (gate_up_proj, down_proj) hold the same experts as the
+    per-expert tensors of the qwen35moe test model (same seed): same file."""
+    from tests.llamacpp_reference import gguf_contents
+
+    config_class, model_class, fields = MODELS["qwen35moe"]
+    model_dir = tmp_path / "fused"
+    train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
+    build_model(config_class, model_class, model_dir, fused_experts=True, **fields)
+    ggufsmith.convert(model_dir, tmp_path / "fused.gguf", outtype="f32")
+    assert gguf_contents(tmp_path / "fused.gguf")[1] == gguf_contents(converted("qwen35moe", "f32"))[1]
