@@ -26,7 +26,13 @@ from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
 from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
 from ggufsmith.converters.plan import OUTTYPES
-from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, assert_same_file, assert_same_tensors, llama_quantize
+from tests.requant_oracle import (
+    PRESETS_NEEDING_IMATRIX,
+    assert_same_file,
+    assert_same_tensors,
+    llama_quantize,
+    random_imatrix,
+)
 from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -78,47 +84,12 @@ def _build(model_dir: Path, variant: str, config: dict) -> None:
     model.save_pretrained(model_dir)
 
 
-def _imatrix_entries(f32: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Random sums and counts for every 2-D/3-D weight, one row per expert; one expert never used."""
-    rng = np.random.default_rng(seed)
-    entries = {}
-    for t in gguf.GGUFReader(f32).tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # numpy order
-        if len(shape) < 2 or t.name == "token_embd.weight":
-            continue
-        nmat = shape[0] if len(shape) == 3 else 1
-        counts = rng.integers(50, 500, size=nmat).astype(np.float32)
-        if nmat > 1:
-            counts[1] = 0
-        sums = (rng.uniform(0.01, 3.0, size=(nmat, shape[-1])) * counts[:, None]).astype(np.float32)
-        entries[t.name] = (sums.reshape(-1), counts)
-    return entries
-
-
-def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
-    """What llama-quantize hands llama_model_quantize: sums / count per matrix, 1 where count is 0."""
-    out = {}
-    for name, (sums, counts) in entries.items():
-        rows = sums.reshape(len(counts), -1)
-        values = np.ones_like(rows)
-        for j, c in enumerate(counts):
-            if c > 0:
-                values[j] = rows[j] / np.float32(c)
-        out[name] = values.reshape(-1)
-    return out
-
-
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
     """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
     out = {}
     for name, (_, f32) in models.items():
-        entries = _imatrix_entries(f32)
-        path = tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf"
-        write_imatrix(path, entries, ["calibration.txt"], chunk_count=7, chunk_size=512)
-        overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", "calibration.txt"),
-                     ("quantize.imatrix.entries_count", "int", len(entries)), ("quantize.imatrix.chunks_count", "int", 7)]
-        out[name] = (path, _llama_cpp_view(entries), overrides)
+        out[name] = random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
     return out
 
 
