@@ -29,6 +29,10 @@ MODELS = {
     "fallback-to-f16-tied": dict(ff=336, tied=True),  # rows of 336: not even 32 fits
     "moe8": dict(n_expert=8, n_layer=4, ff=256),
     "mha-16-layers": dict(n_kv=8, n_layer=16, hidden=512),
+    # One attn_qkv per block (phi3, bloom, gptneox...): llama.cpp gives it the attn_v rules (its
+    # separate ATTENTION_QKV branch comes after the attn_v one and is never reached).
+    "fused-qkv": dict(fused_qkv=True),
+    "falcon-fused-qkv": dict(fused_qkv=True, arch="falcon", n_kv=1),  # falcon-7b: one kv head, its own rules
 }
 
 
@@ -39,7 +43,7 @@ def model_files(tmp_path_factory):
 
 
 def _facts(cfg) -> ModelFacts:
-    return ModelFacts("llama", cfg.get("n_layer", 8), cfg.get("n_head", 8), cfg.get("n_kv", 2), cfg.get("n_expert", 0))
+    return ModelFacts(cfg.get("arch", "llama"), cfg.get("n_layer", 8), cfg.get("n_head", 8), cfg.get("n_kv", 2), cfg.get("n_expert", 0))
 
 
 def _llama_cpp_types(src, dst, preset, imatrix=None, **params) -> dict[str, GGMLType]:
