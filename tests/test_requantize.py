@@ -53,15 +53,20 @@ OTHER_VARIANTS = {
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
 FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
-# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py)
+# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py);
+# test_q1_0_is_llama_quantize uses rows of 384
 ALL_PRESETS = [p for p in PRESETS if p != "Q1_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF folder, our F32 GGUF of it)."""
+    return _build_models(MODELS, tmp_path_factory)
+
+
+def _build_models(specs, tmp_path_factory):
     out = {}
-    for name, (variant, config) in MODELS.items():
+    for name, (variant, config) in specs.items():
         model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
@@ -187,6 +192,31 @@ QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESET
                          ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
 def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
     _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
+
+
+# Q1_0 (blocks of 128, no fallback type) on the llama and the mixtral with feed-forward rows of 384.
+Q1_0_MODELS = {name: (variant, dict(config, intermediate_size=384)) for name, (variant, config) in MODELS.items()
+               if name in ("llama", "mixtral")}
+
+
+@pytest.fixture(scope="module")
+def q1_0_models(tmp_path_factory):
+    return _build_models(Q1_0_MODELS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def q1_0_imatrices(q1_0_models, tmp_path_factory):
+    return {name: random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
+            for name, (_, f32) in q1_0_models.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("model", list(Q1_0_MODELS))
+def test_q1_0_is_llama_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, with_imatrix):
+    """quantize and convert --outtype q1_0 both, and the file runs."""
+    _check_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix)
+    _convert_preset_check(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix, run=True)
 
 
 def test_q2_k_s_needs_an_imatrix(models, imatrices, tmp_path):
