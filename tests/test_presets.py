@@ -33,6 +33,9 @@ MODELS = {
     # separate ATTENTION_QKV branch comes after the attn_v one and is never reached).
     "fused-qkv": dict(fused_qkv=True),
     "falcon-fused-qkv": dict(fused_qkv=True, arch="falcon", n_kv=1),  # falcon-7b: one kv head, its own rules
+    # Two ffn_down per block (routed and shared experts): the IQ2/IQ1 presets' "first n_layer/8
+    # ffn_down" counts tensors against the block count
+    "moe4-shared-8-layers": dict(n_expert=4, n_layer=8, ff=256, shared_expert=True),
 }
 
 
@@ -87,7 +90,7 @@ def test_types_match_llama_quantize(model_files, tmp_path, preset_name, model):
 
 
 @pytest.mark.parametrize("preset_name", ["Q4_0", "Q5_0", "Q3_K_M", "Q4_K_M", "IQ4_NL", "IQ4_XS"] + NEED_IMATRIX)
-@pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy", "mha-16-layers"])
+@pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy", "mha-16-layers", "moe4-shared-8-layers"])
 def test_types_with_imatrix_match_llama_quantize(model_files, tmp_path, preset_name, model):
     src, cfg, shapes = model_files[model]
     preset = get_preset(preset_name)

@@ -42,7 +42,7 @@ def parse_prune_layers(text: str) -> list[int]:
         except ValueError:
             value = -1
         if value < 0:
-            raise QuantizationError(f"--prune-layers {text!r}: {part!r} is not a block number (expected e.g. 20,21,22)")
+            raise QuantizationError(f"{text!r}: {part!r} is not a block number (expected e.g. 20,21,22)")
         ids.append(value)
     return sorted(set(ids))
 
