@@ -37,7 +37,7 @@ from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
                                     reject_routing, shared_expert, ROUTER)
 from ggufsmith.arch.gemma import offset_norm
-from ggufsmith.arch.mamba import negative_exp
+from ggufsmith.arch.hybrid import negative_exp, only_where, recurrent_layers
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.readers.config import HFConfig
@@ -52,17 +52,17 @@ KEY_DIM = "n_group * d_state"  # key heads x head width
 CONV_CHANNELS = f"2 * {KEY_DIM} + d_inner"  # q, k, v: the conv's input
 
 NORMS = norms(input_layernorm="attn_norm", post_attention_layernorm="post_attention_norm")
-GATED_ATTENTION = {
-    **{hf: T(spec.name, *spec.shape, when=ATTENTION) for hf, spec in attention(biases="none", qk_norm=True).items()},
-    "self_attn.q_proj.weight": T("attn_q.weight", "2 * n_head * head_dim", "n_embd", when=ATTENTION),  # + the gate
-}
-DELTA_NET_STATE = {  # what Qwen3-Next and Qwen3.5 share
-    "linear_attn.conv1d.weight": T("ssm_conv1d.weight", CONV_CHANNELS, "d_conv", when=DELTA_NET),
-    "linear_attn.dt_bias": T("ssm_dt.bias", "dt_rank", when=DELTA_NET),
-    "linear_attn.A_log": T("ssm_a", "dt_rank", when=DELTA_NET),
-    "linear_attn.norm.weight": T("ssm_norm.weight", "d_state", when=DELTA_NET),
-    "linear_attn.out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner", when=DELTA_NET),
-}
+GATED_ATTENTION = only_where({
+    **attention(biases="none", qk_norm=True),
+    "self_attn.q_proj.weight": T("attn_q.weight", "2 * n_head * head_dim", "n_embd"),  # + the gate
+}, ATTENTION)
+DELTA_NET_STATE = only_where({  # what Qwen3-Next and Qwen3.5 share
+    "linear_attn.conv1d.weight": T("ssm_conv1d.weight", CONV_CHANNELS, "d_conv"),
+    "linear_attn.dt_bias": T("ssm_dt.bias", "dt_rank"),
+    "linear_attn.A_log": T("ssm_a", "dt_rank"),
+    "linear_attn.norm.weight": T("ssm_norm.weight", "d_state"),
+    "linear_attn.out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
+}, DELTA_NET)
 QKV = T("attn_qkv.weight", CONV_CHANNELS, "n_embd", when=DELTA_NET)
 GATE = T("attn_gate.weight", "d_inner", "n_embd", when=DELTA_NET)
 MOE = {
@@ -95,11 +95,9 @@ class _GatedDeltaNetHybrid(Decoder):
         c = self.config
         self.n_layer = c.get_int("num_hidden_layers", min=1)
         self.interval = c.get_int("full_attention_interval", default=4, min=1)
-        self.types = c.get_list("layer_types", default=None)
-        pattern = self.types or [LINEAR if (i + 1) % self.interval else FULL for i in range(self.n_layer)]
-        if len(pattern) != self.n_layer or not set(pattern) <= {FULL, LINEAR}:
-            raise c.error("layer_types", pattern, f"{self.n_layer} of '{FULL}' / '{LINEAR}'")
-        self.recurrent = [t == LINEAR for t in pattern]
+        self.pattern_given = "layer_types" in c  # else llama.cpp derives the same pattern from the interval
+        self.recurrent = recurrent_layers(c, self.n_layer, default=[
+            LINEAR if (i + 1) % self.interval else FULL for i in range(self.n_layer)])
         self.n_k = c.get_int("linear_num_key_heads", min=1)
         self.n_v = c.get_int("linear_num_value_heads", min=1)
         self.k_dim = c.get_int("linear_key_head_dim", min=1)
@@ -119,7 +117,7 @@ class _GatedDeltaNetHybrid(Decoder):
         keys.u32(Keys.SSM.GROUP_COUNT, self.n_k)
         keys.u32(Keys.SSM.TIME_STEP_RANK, self.n_v)
         keys.u32(Keys.SSM.INNER_SIZE, self.v_dim * self.n_v)
-        if self.types is not None:  # else llama.cpp derives the same pattern from the interval
+        if self.pattern_given:
             keys.metadata.add_array(arch_key(Keys.Attention.RECURRENT_LAYERS, self.name), self.recurrent,
                                     GGUFValueType.BOOL)
         keys.u32(Keys.LLM.FULL_ATTENTION_INTERVAL, self.interval)
@@ -207,8 +205,8 @@ QWEN35_DELTA_NET = {
     **DELTA_NET_STATE,
     "linear_attn.in_proj_qkv.weight": QKV,
     "linear_attn.in_proj_z.weight": GATE,
-    "linear_attn.in_proj_b.weight": T("ssm_beta.weight", "dt_rank", "n_embd", when=DELTA_NET),
-    "linear_attn.in_proj_a.weight": T("ssm_alpha.weight", "dt_rank", "n_embd", when=DELTA_NET),
+    **only_where({"linear_attn.in_proj_b.weight": T("ssm_beta.weight", "dt_rank", "n_embd"),
+                  "linear_attn.in_proj_a.weight": T("ssm_alpha.weight", "dt_rank", "n_embd")}, DELTA_NET),
 }
 
 
