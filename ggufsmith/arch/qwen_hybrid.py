@@ -88,7 +88,9 @@ class _GatedDeltaNetHybrid(Decoder):
 
     f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight", r"blk\.\d+\.ssm_conv1d\.weight")
     dim_names = ("is_recurrent",)
-    tiles_value_heads = False  # llama.cpp's graph shares key heads by tiling (Qwen3.5), not grouping
+    # Whether llama.cpp's graph shares key heads among value heads by tiling (qwen35: value head j
+    # uses key head j % n_k) rather than by HF's grouping (qwen3next: j // (n_v / n_k)).
+    tiles_value_heads = False
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -145,7 +147,8 @@ class _GatedDeltaNetHybrid(Decoder):
     def value_heads_tiled(self, name: str, tensor: LazyTensor) -> LazyTensor:
         """The value-head axis of a delta-net tensor (rows, or out_proj's columns) from grouped by key
         head to tiled; q and k rows (the first 2 * key_dim of attn_qkv and the conv) stay."""
-        head = name.split(".")[-2] if name.endswith(".weight") or name.endswith(".bias") else name.split(".")[-1]
+        parts = name.split(".")  # blk.{bid}.<tensor>[.weight|.bias]
+        head = parts[2] if parts[0] == "blk" else None
         width = {"attn_qkv": self.v_dim, "attn_gate": self.v_dim, "ssm_conv1d": self.v_dim, "ssm_out": self.v_dim,
                  "ssm_beta": 1, "ssm_alpha": 1, "ssm_a": 1, "ssm_dt": 1}.get(head)
         if width is None:
