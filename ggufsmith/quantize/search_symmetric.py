@@ -88,18 +88,18 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         sum_lx, sum_l2 = sums(best_iscale)
         scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
-        for step in range(-9, 10):
-            if step == 0:
-                continue
-            iscale = -(np.float32(nmax) + np.float32(0.1) * np.float32(step)) / signed_max
+        stretches = [-(np.float32(nmax) + np.float32(0.1) * np.float32(step)) for step in range(-9, 10) if step]
+        for stretch in stretches:
+            iscale = stretch / signed_max
             sum_lx, sum_l2 = sums(iscale)
-            better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
+            better = sum_l2 > 0
+            better &= sum_lx * sum_lx > best * sum_l2
             if not better.any():
                 continue
             # ggml recomputes the levels from the winning iscale; so do we, once, at the end.
-            best_iscale = np.where(better, iscale, best_iscale)
-            scale = np.where(better, sum_lx / sum_l2, scale)
-            best = np.where(better, scale * sum_lx, best)
+            np.copyto(best_iscale, iscale, where=better)
+            np.copyto(scale, sum_lx / sum_l2, where=better)
+            np.copyto(best, scale * sum_lx, where=better)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
