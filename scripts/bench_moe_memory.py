@@ -146,8 +146,7 @@ def generate_checkpoint(model_dir: Path, fused: bool) -> Path:
     total = sum(int(np.prod(s)) * 2 for _, s in tensor_shapes(CONFIG, fused))
     (model_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
     (model_dir / "config.json").write_text(json.dumps(CONFIG, indent=2))
-    sys.path.insert(0, str(REPO))
-    from tests.tokenizer_helpers import train_bpe
+    from tests.tokenizer_helpers import train_bpe  # REPO is on the path (main)
 
     train_bpe(model_dir, "qwen2", vocab_size=1500)
     done.write_text("ok")
@@ -228,6 +227,7 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, default=REPO, help="ggufsmith source tree to benchmark")
     args = parser.parse_args()
 
+    sys.path.insert(0, str(REPO))
     reference = None if args.skip_reference else reference_script()
     layouts = {layout: generate_checkpoint(args.dir / f"qwen3moe-{layout}-bf16", fused=layout == "fused")
                for layout in ("fused", "per-expert")}
@@ -244,9 +244,12 @@ def main() -> int:
             cmd = [sys.executable, "-m", "ggufsmith", "convert", str(model_dir), str(out), "--outtype", outtype, "--quiet"]
             run_env = {**env, "PYTHONPATH": str(args.repo)}
         else:
-            cmd = [sys.executable, str(reference / "convert_hf_to_gguf.py"), str(model_dir), "--outfile", str(out),
+            # told the pre-tokenizer of the trained tokenizer, which its hash table cannot know
+            from tests.decoder_reference import _RUNNER as FORCED_PRE_RUNNER
+
+            cmd = [sys.executable, "-c", FORCED_PRE_RUNNER, str(reference), str(model_dir), "--outfile", str(out),
                    "--outtype", outtype]
-            run_env = {**env, "PYTHONPATH": str(reference / "gguf-py")}
+            run_env = {**env, "PYTHONPATH": str(reference / "gguf-py"), "FORCE_PRE": "qwen2"}
         result = results[tool, layout, outtype] = measure(cmd, run_env, args.repo)
         print(f"{tool:22s} {layout:10s} {outtype:7s} {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in result.items()})}",
               file=sys.stderr)

@@ -46,9 +46,10 @@ MODELS = {
     "mixtral": ("MixtralForCausalLM", dict(SHAPES, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)),
     "qwen3moe": ("Qwen3MoeForCausalLM", dict(SHAPES, moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2,
                                              norm_topk_prob=True, head_dim=64)),
-    # multi-head latent attention (kv_b_proj split into the per-head attn_k_b / attn_v_b), a dense
-    # leading block, then routed experts in groups and a shared expert
-    "deepseek2": ("DeepseekV3ForCausalLM", dict(SHAPES, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2,
+    # multi-head latent attention (kv_b_proj split into the per-head attn_k_b / attn_v_b; keys and
+    # values per query head, as DeepSeek's configs say), a dense leading block, then routed experts
+    # in groups and a shared expert
+    "deepseek2": ("DeepseekV3ForCausalLM", dict(SHAPES, num_key_value_heads=4, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2,
                                                 first_k_dense_replace=1, n_shared_experts=1, n_group=2, topk_group=1,
                                                 norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=256,
                                                 kv_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32)),
