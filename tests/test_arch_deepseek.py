@@ -13,7 +13,7 @@ shared experts:
     with selection bias in 2 groups, and its next-token-prediction layer, which the file keeps.
 Value heads (v_head_dim) are wider than the key's unrotated part (qk_nope_head_dim), so a split of
 kv_b_proj at the wrong row, or without the transposition of attn_k_b, fails on shapes or logits.
-Tolerances and the 90th percentile for f16/q8_0: see tests/test_arch_moe.py. Measured: f32
+Tolerances and the 90th percentile for f16/q8_0: see tests/moe_harness.py. Measured: f32
 5.9e-6 to 7.5e-6 std for every model and layout, f16 0.007-0.008, q8_0 0.23-0.29. Checked by hand:
 reading kv_b_proj's heads in the wrong order, dropping the rotate-half reordering, the selection
 bias, the expert groups or yarn_log_multiplier, a full-head rope or softmax routing for glm, or
@@ -29,8 +29,9 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids
 from tests.llamacpp_reference import assert_same_file
+from tests.moe_harness import EOT_FIM_DIFFERENCES, TOLERANCE, VOCAB, conversions, logits_error
 from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -39,8 +40,6 @@ gguf = pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
-VOCAB = 600
 COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
               num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
               kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20, max_position_embeddings=512,
@@ -70,10 +69,7 @@ PRE = {"glm": "glm4"}  # the pre-tokenizer of the tokenizer trained for a model 
 CASES = {("v3", "per-expert"): tuple(TOLERANCE), ("v3", "fused"): tuple(TOLERANCE),
          ("v2", "per-expert"): tuple(TOLERANCE), ("v2", "fused"): ("f32",), ("kimi", "per-expert"): ("f32", "f16"),
          ("glm", "per-expert"): tuple(TOLERANCE), ("glm", "fused"): ("f32",)}
-KEY_DIFFERENCES = {
-    key: "written explicitly; llama.cpp finds the same id by its text at load time"
-    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
-}
+KEY_DIFFERENCES = EOT_FIM_DIFFERENCES
 # q_lora_rank null: llama.cpp reads the key unless the model has V2-Lite's 26/27 layers.
 V2_KEY_DIFFERENCES = {**KEY_DIFFERENCES, "deepseek2.attention.q_lora_rank": "0 for a plain q_proj; the reference "
                       "leaves it out and llama.cpp refuses its file"}
@@ -124,27 +120,13 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepseek-gguf")
-    cache = {}
-
-    def get(kind: str, layout: str, outtype: str):
-        key = kind, layout, outtype
-        if key not in cache:
-            cache[key] = root / f"{kind}-{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[kind, layout][0], cache[key], outtype=outtype)
-        return cache[key]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("deepseek-gguf"))
 
 
 @pytest.mark.parametrize("kind, layout, outtype", [(k, l, o) for (k, l), outtypes in CASES.items() for o in outtypes])
 def test_logits_match_transformers(models, converted, kind, layout, outtype):
     _, ids, expected = models[kind, layout]
-    got = llamacpp_logits(converted(kind, layout, outtype), ids)
-    if outtype == "f32":
-        error = relative_error(got, expected)
-    else:  # per position, the 90th percentile: see tests/test_arch_moe.py
-        error = float(np.quantile([relative_error(g[None], e[None]) * e.std() / expected.std() for g, e in zip(got, expected)], 0.9))
+    error = logits_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
     print(f"{kind} {layout} {outtype}: error {error:.2e} std")
     assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: error {error:.2e} of the logits' std"
 
