@@ -165,7 +165,7 @@ def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, capl
     assert gguf_contents(tmp_path / "mtp.gguf")[1] == gguf_contents(converted("v3", "per-expert", "f32"))[1]
 
 
-@pytest.mark.parametrize("kind, preset", [("glm", "Q4_K_M")])
+@pytest.mark.parametrize("kind, preset", [("glm", "Q4_K_M"), ("glm", "MXFP4_MOE")])
 def test_presets_match_llama_quantize(models, converted, tmp_path, kind, preset):
     """`convert --outtype PRESET` straight from the checkpoint gives the file llama_model_quantize
     makes from the f32 conversion, byte for byte (GLM-4.5's feed-forward; DeepSeek's every preset:
