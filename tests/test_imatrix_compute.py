@@ -1,4 +1,4 @@
-"""`ggufsmith imatrix` on tiny random-weight llama and mixtral checkpoints.
+"""`ggufsmith imatrix` on tiny random-weight llama, mixtral, qwen3moe and DeepSeek V3 checkpoints.
 
 Oracles:
 - the statistics: recomputed here from transformers' own outputs (`output_hidden_states` through the

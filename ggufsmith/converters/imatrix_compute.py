@@ -222,9 +222,11 @@ def _install_hooks(model, table, runtime, accumulator: Accumulator, process_outp
     handles = []
     latent_split = set()  # GGUF names of MLA's attn_k_b / attn_v_b, collected by _latent_attention_hooks
     for module_name, module in model.named_modules():
-        kv_b = getattr(module, "kv_b_proj", None)
+        if getattr(module, "kv_b_proj", None) is None:
+            continue
+        # {"attn_k_b": target, "attn_v_b": target} when the plugin splits this kv_b_proj for MLA
         split = {t.gguf_name.rsplit(".", 2)[-2]: t for _, t in targets_of(f"{module_name}.kv_b_proj.weight")
-                 if t.gguf_name.endswith((".attn_k_b.weight", ".attn_v_b.weight"))} if kv_b is not None else {}
+                 if t.gguf_name.endswith((".attn_k_b.weight", ".attn_v_b.weight"))}
         if split:
             handles.extend(_latent_attention_hooks(module, split.get("attn_k_b"), split.get("attn_v_b"), accumulator))
             latent_split.update(t.gguf_name for t in split.values())
