@@ -225,6 +225,17 @@ class ExpertGatingFunc(IntEnum):
     SQRT_SOFTPLUS = 4
 
 
+class PoolingType(IntEnum):
+    """Values of {arch}.pooling_type: how llama.cpp turns per-token embeddings into one per sequence
+    (llama.cpp's llama_pooling_type)."""
+
+    NONE = 0
+    MEAN = 1
+    CLS = 2
+    LAST = 3
+    RANK = 4
+
+
 class TokenType(IntEnum):
     """Values of tokenizer.ggml.token_type."""
 
@@ -458,6 +469,10 @@ class Keys:
         ADD_BOS = "tokenizer.ggml.add_bos_token"
         ADD_EOS = "tokenizer.ggml.add_eos_token"
         ADD_SEP = "tokenizer.ggml.add_sep_token"
+        # WordPiece (tokenizer.ggml.model "bert"): BertNormalizer's options; llama.cpp defaults both
+        # to true, and strip_accents to the value of lowercase when only lowercase is given.
+        NORMALIZER_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"
+        NORMALIZER_STRIP_ACCENTS = "tokenizer.ggml.normalizer.strip_accents"
         ADD_PREFIX = "tokenizer.ggml.add_space_prefix"
         REMOVE_EXTRA_WS = "tokenizer.ggml.remove_extra_whitespaces"
         PRECOMPILED_CHARSMAP = "tokenizer.ggml.precompiled_charsmap"
