@@ -159,3 +159,24 @@ def assert_same_tensors(ours: Path, theirs: Path) -> None:
     assert sorted(a) == sorted(b)
     bad = [n for n in a if a[n] != b[n]]
     assert not bad, f"tensors differ: {[(n, a[n][0], b[n][0]) for n in bad]}"
+
+
+def imatrix_as_llama_quantize_reads_it(path: Path) -> tuple[dict[str, np.ndarray], list[tuple[str, str, object]]]:
+    """What llama-quantize --imatrix PATH hands llama_model_quantize for a GGUF imatrix, read with
+    gguf-py: per weight, the sums divided by the (rounded) count of their matrix, 1 for a matrix
+    with no count (an expert never routed to); and the keys it adds (--override-kv as it spells them)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arrays = {t.name: np.asarray(t.data, dtype=np.float32).reshape(-1) for t in reader.tensors}
+    values = {}
+    for name in sorted(n[: -len(".in_sum2")] for n in arrays if n.endswith(".in_sum2")):
+        counts = np.rint(arrays[name + ".counts"]).astype(np.float32)
+        sums = arrays[name + ".in_sum2"].reshape(counts.size, -1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            values[name] = np.where(counts[:, None] > 0, sums / counts[:, None], np.float32(1)).astype(np.float32).reshape(-1)
+    datasets = reader.fields["imatrix.datasets"].contents()
+    chunks = reader.fields["imatrix.chunk_count"].contents()
+    overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", datasets[0]),
+                 ("quantize.imatrix.entries_count", "int", len(values)), ("quantize.imatrix.chunks_count", "int", chunks)]
+    return values, overrides
