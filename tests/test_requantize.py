@@ -26,7 +26,13 @@ from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
 from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
 from ggufsmith.converters.plan import OUTTYPES
-from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, assert_same_file, assert_same_tensors, llama_quantize
+from tests.requant_oracle import (
+    PRESETS_NEEDING_IMATRIX,
+    assert_same_file,
+    assert_same_tensors,
+    llama_quantize,
+    random_imatrix,
+)
 from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -47,15 +53,20 @@ OTHER_VARIANTS = {
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
 FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
-# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py)
+# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py);
+# test_q1_0_is_llama_quantize uses rows of 384
 ALL_PRESETS = [p for p in PRESETS if p != "Q1_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF folder, our F32 GGUF of it)."""
+    return _build_models(MODELS, tmp_path_factory)
+
+
+def _build_models(specs, tmp_path_factory):
     out = {}
-    for name, (variant, config) in MODELS.items():
+    for name, (variant, config) in specs.items():
         model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
@@ -78,36 +89,6 @@ def _build(model_dir: Path, variant: str, config: dict) -> None:
     model.save_pretrained(model_dir)
 
 
-def _imatrix_entries(f32: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Random sums and counts for every 2-D/3-D weight, one row per expert; one expert never used."""
-    rng = np.random.default_rng(seed)
-    entries = {}
-    for t in gguf.GGUFReader(f32).tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # numpy order
-        if len(shape) < 2 or t.name == "token_embd.weight":
-            continue
-        nmat = shape[0] if len(shape) == 3 else 1
-        counts = rng.integers(50, 500, size=nmat).astype(np.float32)
-        if nmat > 1:
-            counts[1] = 0
-        sums = (rng.uniform(0.01, 3.0, size=(nmat, shape[-1])) * counts[:, None]).astype(np.float32)
-        entries[t.name] = (sums.reshape(-1), counts)
-    return entries
-
-
-def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
-    """What llama-quantize hands llama_model_quantize: sums / count per matrix, 1 where count is 0."""
-    out = {}
-    for name, (sums, counts) in entries.items():
-        rows = sums.reshape(len(counts), -1)
-        values = np.ones_like(rows)
-        for j, c in enumerate(counts):
-            if c > 0:
-                values[j] = rows[j] / np.float32(c)
-        out[name] = values.reshape(-1)
-    return out
-
-
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
     return _imatrix_files(models, tmp_path_factory)
@@ -117,12 +98,7 @@ def _imatrix_files(models, tmp_path_factory):
     """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
     out = {}
     for name, (_, f32) in models.items():
-        entries = _imatrix_entries(f32)
-        path = tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf"
-        write_imatrix(path, entries, ["calibration.txt"], chunk_count=7, chunk_size=512)
-        overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", "calibration.txt"),
-                     ("quantize.imatrix.entries_count", "int", len(entries)), ("quantize.imatrix.chunks_count", "int", 7)]
-        out[name] = (path, _llama_cpp_view(entries), overrides)
+        out[name] = random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
     return out
 
 
@@ -200,19 +176,29 @@ def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model)
     _convert_preset_check(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
 
 
+# Every preset through `convert --outtype PRESET` with an importance matrix, and without one where
+# llama-quantize allows it (issue 18), on the llama; the quantize path above covers every preset on
+# every model, qwen3moe's convert path is below (`convert --outtype PRESET` plans convert + quantize).
+# The plain outtypes f32/f16/bf16/q8_0 take no imatrix: convert refuses one for them.
+def _every_case(presets):
+    return [(p, i) for p in presets for i in (False, True)
+            if not (i and p.lower() in OUTTYPES) and (i or p not in PRESETS_NEEDING_IMATRIX)]
+
+
+LLAMA_CONVERT_CASES = _every_case(ALL_PRESETS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ALL_PRESETS)
-@pytest.mark.parametrize("model", list(MODELS))
-def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
-    _convert_preset_check(models, imatrices, tmp_path, model, preset,
-                          with_imatrix=preset == "Q2_K" or preset in PRESETS_NEEDING_IMATRIX, run=True)
+@pytest.mark.parametrize(("preset", "with_imatrix"), LLAMA_CONVERT_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in LLAMA_CONVERT_CASES])
+def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, preset, with_imatrix):
+    _convert_preset_check(models, imatrices, tmp_path, "llama", preset, with_imatrix, run=True)
 
 
 # Issue 15: every preset through `convert --outtype PRESET` on the per-expert qwen3moe, with and
 # without an importance matrix, is llama_model_quantize on the f32 conversion (the plain outtypes
 # f32/f16/bf16/q8_0 take none: convert refuses one for them).
-QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESETS for i in (False, True))]
-                  if not (i and p.lower() in OUTTYPES)]
+QWEN3MOE_CASES = _every_case(ALL_PRESETS)
 
 
 @pytest.mark.slow
@@ -220,6 +206,31 @@ QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESET
                          ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
 def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
     _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
+
+
+# Q1_0 (blocks of 128, no fallback type) on the llama and the mixtral with feed-forward rows of 384.
+Q1_0_MODELS = {name: (variant, dict(config, intermediate_size=384)) for name, (variant, config) in MODELS.items()
+               if name in ("llama", "mixtral")}
+
+
+@pytest.fixture(scope="module")
+def q1_0_models(tmp_path_factory):
+    return _build_models(Q1_0_MODELS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def q1_0_imatrices(q1_0_models, tmp_path_factory):
+    return {name: random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
+            for name, (_, f32) in q1_0_models.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("model", list(Q1_0_MODELS))
+def test_q1_0_is_llama_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, with_imatrix):
+    """quantize and convert --outtype q1_0 both, and the file runs."""
+    _check_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix)
+    _convert_preset_check(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix, run=True)
 
 
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
@@ -464,10 +475,20 @@ def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
 # Issue 17: llama-quantize's rules for state-space models (which recurrent tensors stay F32: A, D,
 # the conv kernel, the grouped norm; which are quantized: the in/out projections), every preset
 # through `convert --outtype PRESET`, and the presets that need an importance matrix with one.
-SSM_MODELS = {
+SSM_MODELS = {  # name -> (transformers config class, model class, config fields)
     # hidden 256 so that the K-quants' 256-blocks fit ssm_in's rows; in_proj: 2 x 512 + 2 x 2 x 16 + 8 rows
-    "mamba2": dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
-                   expand=2, chunk_size=16),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM",
+               dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
+                    expand=2, chunk_size=16)),
+    # a hybrid: gated delta-net blocks around one attention block (llama-quantize's rules for attn_qkv,
+    # attn_gate, ssm_* and for which blocks hold attention), 4 value heads on 2 key heads
+    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+               dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
+                    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                    linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2]})),
 }
 SSM_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True)]
 
@@ -478,12 +499,12 @@ def ssm_models(tmp_path_factory):
     import transformers
 
     out = {}
-    for name, config in SSM_MODELS.items():
+    for name, (config_class, model_class, config) in SSM_MODELS.items():
         model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
         torch.manual_seed(3)
-        model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(vocab_size=2000, **config))
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=2000, **config))
         randomize_weights(model.eval(), 3)
         model.save_pretrained(model_dir)
         f32 = model_dir.parent / f"{name}-f32.gguf"
