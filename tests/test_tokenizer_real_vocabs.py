@@ -7,6 +7,8 @@ a SentencePiece tokenizer.model, or a WordPiece vocab.txt (bert-bge). Two checks
   - transformers / sentencepiece on the rebuilt files give the .out ids (the rebuild is faithful);
   - llama.cpp on our export of those files gives the .out ids (our export is faithful).
 The vocab files come from the llama-cpp-python sdist (tests/llamacpp_reference.py fetches it).
+nomic-bert-moe (XLM-RoBERTa's Unigram vocabulary) has no test vectors: there transformers on the
+rebuilt tokenizer.json, llama.cpp on the file itself and llama.cpp on our export must agree.
 """
 
 from __future__ import annotations
@@ -192,3 +194,93 @@ def test_real_wordpiece_vocab(tmp_path):
     llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "ours.gguf", arch="bert"))
     for text, ids in cases:
         assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) == ids, repr(text)
+
+
+# -- Unigram: llama.cpp's nomic-bert-moe vocabulary (nomic-embed-text-v2-moe: XLM-RoBERTa's 250k pieces) --
+
+UNIGRAM_TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It's 10:45, isn't it?",
+    "Größere Äpfel schmecken süß – Übung, Öl, Fußgänger. Café naïve résumé",
+    "我们今天去公园散步，天气很好。東京は日本の首都です。ひらがなとカタカナ。",
+    "Привет, как дела? مرحبا بالعالم، हिन्दी भाषा, 안녕하세요 세계",
+    "ｆｕｌｌ－ｗｉｄｔｈ ＡＢＣ １２３ ﬁne ① ™ x\u00a0y\u3000z",
+    "tabs\there\tand  double  spaces,\nnew\r\nlines   and trailing   ",
+    "Emoji 🚀 and symbols $5 + 3 = 8 < 9 > 7 ^ ` | ~ @ # % & * ( ) [ ] { }",
+]
+
+
+def _rebuild_unigram_json(name: str, model_dir: Path) -> int:
+    """The tokenizer.json transformers saves for XLM-RoBERTa, from the GGUF vocabulary: the Unigram
+    pieces with their scores up to <mask>, the charsmap as its Precompiled normalizer, the special
+    tokens as added tokens. Returns the model's vocab_size (the file's padded length)."""
+    import base64
+
+    fields = _fields(name)
+    tokens, scores, types = (fields[f"tokenizer.ggml.{key}"] for key in ("tokens", "scores", "token_type"))
+    used = max(i for i, token_type in enumerate(types) if token_type != 5) + 1  # [PAD<id>] rows after <mask>
+    specials = [i for i in range(used) if types[i] in (2, 3)]
+    tokenizer_json = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i in specials],
+        "normalizer": {"type": "Precompiled", "precompiled_charsmap":
+                       base64.b64encode(bytes(fields["tokenizer.ggml.precompiled_charsmap"])).decode()},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"}, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                          "split": True}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"SpecialToken": {"id": "</s>", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "special_tokens": {t: {"id": t, "ids": [tokens.index(t)], "tokens": [t]} for t in ("<s>", "</s>")}},
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "model": {"type": "Unigram", "unk_id": fields["tokenizer.ggml.unknown_token_id"], "byte_fallback": False,
+                  "vocab": [[tokens[i], float(scores[i])] for i in range(used)]},
+    }
+    model_dir.mkdir()
+    (model_dir / "tokenizer.json").write_text(json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8")
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "XLMRobertaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>",
+        "cls_token": "<s>", "unk_token": "<unk>", "pad_token": "<pad>", "mask_token": "<mask>"}))
+    return len(tokens)
+
+
+def test_real_unigram_vocab(tmp_path):
+    """The same tokenizer keys back; transformers on the rebuilt files, llama.cpp on its own file and
+    llama.cpp on our export give the same ids (the file comes without test vectors)."""
+    import numpy as np
+    import transformers
+
+    name = "nomic-bert-moe"
+    model_dir = tmp_path / name
+    vocab_size = _rebuild_unigram_json(name, model_dir)
+    metadata = export_tokenizer(model_dir, vocab_size=vocab_size)
+    original = _fields(name)
+    # The padding rows after <mask>: [PAD<id>] in ours; the file's older converter named them one id
+    # lower (it shifted them with fairseq's ids). Unused tokens, never produced nor matched.
+    ours_tokens, their_tokens = list(metadata.get("tokenizer.ggml.tokens")), list(original["tokenizer.ggml.tokens"])
+    used = 250002
+    assert ours_tokens[:used] == their_tokens[:used] and len(ours_tokens) == len(their_tokens)
+    assert all(a.startswith("[PAD") and b.startswith("[PAD") for a, b in zip(ours_tokens[used:], their_tokens[used:]))
+    for key in ("model", "pre", "token_type", "add_space_prefix", "remove_extra_whitespaces",
+                "bos_token_id", "eos_token_id", "unknown_token_id", "seperator_token_id", "padding_token_id",
+                "mask_token_id", "add_bos_token", "add_eos_token"):
+        assert list(np.atleast_1d(metadata.get(f"tokenizer.ggml.{key}"))) == \
+            list(np.atleast_1d(original[f"tokenizer.ggml.{key}"])), key
+    assert np.array_equal(np.asarray(metadata.get("tokenizer.ggml.scores"), np.float32),
+                          np.asarray(original["tokenizer.ggml.scores"], np.float32))
+    assert bytes(metadata.get("tokenizer.ggml.precompiled_charsmap")) == \
+        bytes(original["tokenizer.ggml.precompiled_charsmap"])
+
+    reference = transformers.AutoTokenizer.from_pretrained(model_dir)
+    theirs = load_llama_vocab(vocab_models_dir() / f"ggml-vocab-{name}.gguf")
+    ours = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "ours.gguf", arch="bert"))
+    try:
+        for text in UNIGRAM_TEXTS:
+            expected = reference(text)["input_ids"]
+            assert theirs.tokenize(text.encode(), add_bos=True, special=False) == expected, repr(text)
+            assert ours.tokenize(text.encode(), add_bos=True, special=False) == expected, repr(text)
+    finally:
+        theirs.close(), ours.close()
