@@ -84,6 +84,8 @@ CASES = {
         "model": t["model"] | {"vocab": [["<s>", 0.0], "oops", *t["model"]["vocab"][2:]]}}), "model.vocab[1]"),
     "unigram-charsmap-not-base64": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
         "normalizer": {"type": "Precompiled", "precompiled_charsmap": "not base64!"}}), "precompiled_charsmap"),
+    "unigram-charsmap-truncated": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
+        "normalizer": {"type": "Precompiled", "precompiled_charsmap": "/////wAAAAA="}}), "precompiled charsmap"),
     "unigram-whitespace-pre-tokenizer": ("xlmr", lambda d: (_edit_json("tokenizer.json", lambda t: t | {
         "pre_tokenizer": {"type": "Whitespace"}})(d), _edit_json("tokenizer_config.json", lambda c: c | {
             "tokenizer_class": "PreTrainedTokenizerFast"})(d)), "pre-tokenizer Whitespace"),

@@ -101,16 +101,27 @@ def _load_model_file(path: Path, vocab: Vocabulary, differences: TokenizationDif
         vocab.set_token(token_id, text, token_type, score)
     vocab.add_space_prefix = normalizer.add_dummy_prefix
     vocab.remove_extra_whitespaces = normalizer.remove_extra_whitespaces
-    vocab.precompiled_charsmap = normalizer.precompiled_charsmap or None
+    vocab.precompiled_charsmap = _checked_charsmap(normalizer.precompiled_charsmap, f"{path}: normalizer_spec")
     return declared
 
 
-def _charsmap(step: dict[str, Any], path: Path) -> bytes:
+def _checked_charsmap(data: bytes, where: str) -> bytes | None:
+    """The charsmap if llama.cpp can load it (a little-endian uint32 size of the trie, the trie, then
+    the replacement strings), None if empty; llama.cpp refuses to load any other as the whole model."""
+    if not data:
+        return None
+    if len(data) < 4 or int.from_bytes(data[:4], "little") + 4 >= len(data):
+        raise TokenizerError(f"{where} is not a SentencePiece precompiled charsmap (its trie size exceeds its length)")
+    return data
+
+
+def _charsmap(step: dict[str, Any], path: Path) -> bytes | None:
     value = get_typed(step, "precompiled_charsmap", str, path, prefix="normalizer.")
     try:
-        return base64.b64decode(value or "", validate=True)
+        data = base64.b64decode(value or "", validate=True)
     except (binascii.Error, ValueError):
         raise TokenizerError(f"{path}: normalizer.precompiled_charsmap is not base64") from None
+    return _checked_charsmap(data, f"{path}: normalizer.precompiled_charsmap")
 
 
 def _json_pipeline(tokenizer_json: dict[str, Any], path: Path, files: TokenizerFiles, vocab: Vocabulary,
@@ -126,7 +137,7 @@ def _json_pipeline(tokenizer_json: dict[str, Any], path: Path, files: TokenizerF
             replaces_space_runs = True
         else:
             other_steps.append(step)
-    vocab.precompiled_charsmap = charsmap or None
+    vocab.precompiled_charsmap = charsmap
 
     config_path = files.model_dir / TOKENIZER_CONFIG
     tokenizer_class = get_typed(files.tokenizer_config, "tokenizer_class", str, config_path)
