@@ -31,18 +31,21 @@ def train_t5_unigram(model_dir: Path, vocab_size: int = 1500) -> None:
 
 
 def build_t5(model_dir: Path, *, feed_forward_proj: str, tie_word_embeddings: bool, encoder_only: bool = False,
-             seed: int = 0) -> Path:
-    """T5ForConditionalGeneration (T5EncoderModel) for the tokenizer already in `model_dir`."""
+             mt5: bool = False, seed: int = 0) -> Path:
+    """T5ForConditionalGeneration (T5EncoderModel; MT5ForConditionalGeneration) for the tokenizer
+    already in `model_dir`."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    config = transformers.T5Config(
+    config = (transformers.MT5Config if mt5 else transformers.T5Config)(
         vocab_size=len(tokenizer) + 3, d_model=64, d_kv=16, d_ff=96, num_layers=3, num_decoder_layers=2, num_heads=4,
         relative_attention_num_buckets=8, feed_forward_proj=feed_forward_proj,
         tie_word_embeddings=tie_word_embeddings, decoder_start_token_id=0)
     torch.manual_seed(seed)
-    model = (transformers.T5EncoderModel if encoder_only else transformers.T5ForConditionalGeneration)(config).eval()
+    model_class = (transformers.T5EncoderModel if encoder_only else
+                   transformers.MT5ForConditionalGeneration if mt5 else transformers.T5ForConditionalGeneration)
+    model = model_class(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "layer_norm" in name:

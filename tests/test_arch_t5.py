@@ -7,7 +7,8 @@ Models (tests/t5_models.py):
   - "t5": original T5 (ReLU feed-forward, tied head: transformers scales the decoder output by
     d_model**-0.5, which we fold into a written `output`);
   - "t5-v1_1": T5 v1.1 / flan-T5 (gated GELU, `tie_word_embeddings: false`: no scaling);
-  - "t5encoder": T5EncoderModel with gated GELU in a sentence-transformers folder (mean pooling).
+  - "t5encoder": T5EncoderModel with gated GELU in a sentence-transformers folder (mean pooling);
+  - mT5 (MT5ForConditionalGeneration, never scaled), decoder logits at f32 only.
 Tolerances (max |llama.cpp - transformers| / std of the reference):
   - f32: 1e-3 for ReLU (measured 5e-4), 3e-3 where ggml evaluates GELU through its float16 table
     (measured 1.1e-3..1.4e-3);
@@ -114,6 +115,22 @@ def test_decoder_logits_match_transformers(model_dirs, converted, kind, outtype)
     print(f"{kind} {outtype}: decoder logits max error / std {error:.1e}")
     assert error <= _tolerance(kind, outtype)
     assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.9
+
+
+def test_mt5_decoder_logits_match_transformers(model_dirs, tmp_path):
+    """MT5ForConditionalGeneration (gated GELU, untied head): the same graph, checked at f32."""
+    model_dir = tmp_path / "mt5"
+    shutil.copytree(model_dirs["t5"], model_dir, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+    build_t5(model_dir, feed_forward_proj="gated-gelu", tie_word_embeddings=False, mt5=True)
+    ggufsmith.convert(model_dir, tmp_path / "mt5.gguf", "f32")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.MT5ForConditionalGeneration.from_pretrained(model_dir).eval()
+    source, target = tokenizer(SOURCE)["input_ids"], tokenizer(TARGET)["input_ids"]
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([source]), labels=torch.tensor([target])).logits[0].double().numpy()
+    error = np.abs(llama_decoder_logits(tmp_path / "mt5.gguf", source, target) - expected).max() / expected.std()
+    print(f"mt5 f32: decoder logits max error / std {error:.1e}")
+    assert error <= F32_TOLERANCE["t5-v1_1"]
 
 
 def _encoder_states(model_dir: Path) -> list[np.ndarray]:

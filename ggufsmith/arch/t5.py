@@ -10,9 +10,9 @@ encoder and decoder (`shared.weight`; the per-stack `embed_tokens` copies are th
 
 The output head: a stored `lm_head.weight` is `output`. Without one, transformers multiplies the
 decoder's output by d_model**-0.5 before the tied head unless config.json says the head is untied
-(`tie_word_embeddings: false`, or transformers 5's `scale_decoder_outputs: false`); llama.cpp has no
-such step and uses `token_embd` itself, so for that case we write `output` as the shared embedding
-times d_model**-0.5 (llama.cpp's converter writes none: its logits are sqrt(d_model) times too large).
+(`tie_word_embeddings: false`, or transformers 5's `scale_decoder_outputs: false`; mT5 never scales);
+llama.cpp has no such step and uses `token_embd` itself, so for that case we write `output` as the
+shared embedding times d_model**-0.5 (llama.cpp's converter writes none: its logits are sqrt(d_model) times too large).
 """
 
 from __future__ import annotations
@@ -133,6 +133,8 @@ class T5(Architecture):
 
     def _scaled_tied_head(self) -> bool:
         c = self.config
+        if c.model_type == "mt5" or "MT5ForConditionalGeneration" in self.checkpoint_config.architectures:
+            return False  # mT5 is T5 v1.1: transformers' MT5 model never scales (its config says tied regardless)
         return (c.get_bool("tie_word_embeddings", default=True) is not False
                 and c.get_bool("scale_decoder_outputs", default=True) is not False)
 
