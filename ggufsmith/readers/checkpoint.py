@@ -4,7 +4,9 @@ Weights are found the way Hugging Face saves them, in this order of preference:
   model.safetensors.index.json + shards, model.safetensors,
   pytorch_model.bin.index.json + shards, pytorch_model.bin.
 Tensors come in the order of their files (sorted by name, as llama.cpp's converter reads them)
-and, within a file, in the file's own order.
+and, within a file, in the file's own order. Weights stored in a quantized format GGUF shares
+(config.json quantization_config: MXFP4) are joined into tensors that keep their bytes
+(readers/quantized.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.quantized import decode_quantized
 from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
 
@@ -72,6 +75,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
                 file_of[name] = path
         if weight_map is not None:
             _check_index(model_dir, weight_map, file_of)
+        checkpoint.tensors = decode_quantized(checkpoint.tensors, config)
     except BaseException:
         checkpoint.close()
         raise

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggufsmith.constants import GGMLType
 from ggufsmith.errors import ConversionError
 
 
@@ -89,10 +90,12 @@ class LazyTensor:
             source or f"{first.source} (+{len(tensors) - 1} joined)",
         )
 
-    def split(self, parts: int, axis: int = -2) -> list[LazyTensor]:
+    def split(self, parts: int, axis: int = -2, *, interleaved: bool = False) -> list[LazyTensor]:
         """`parts` equal pieces along `axis` (e.g. a fused gate_up of stacked experts, (E, 2F, D),
-        into gate (E, F, D) and up (E, F, D)). Along any axis but the last, a piece of a
-        row-sliceable tensor is row-sliceable too, so a stack of several GB still streams."""
+        into gate (E, F, D) and up (E, F, D)): consecutive ranges, or with `interleaved` every
+        parts-th index (gpt-oss alternates gate and up rows: piece i takes indices i, i + parts, ...).
+        Along any axis but the last, a piece of a row-sliceable tensor is row-sliceable too, so a
+        stack of several GB still streams, and a piece of an EncodedTensor keeps its stored bytes."""
         axis = axis % len(self.shape)
         if self.shape[axis] % parts:
             raise ConversionError(f"{self.source}: {self.shape[axis]} along axis {axis} do not split into {parts} equal parts")
@@ -100,17 +103,46 @@ class LazyTensor:
         shape = (*self.shape[:axis], width, *self.shape[axis + 1:])
         pieces = []
         for index in range(parts):
-            lo, hi = index * width, (index + 1) * width
-            cut = (slice(None),) * axis + (slice(lo, hi),)
+            first, step = (index, parts) if interleaved else (index * width, 1)
+            cut = (slice(None),) * axis + (slice(first, first + step * width, step),)
             load = lambda cut=cut: np.ascontiguousarray(self.load()[cut])  # noqa: E731
             source = f"{self.source} (part {index + 1} of {parts})"
             if isinstance(self, RowSlicedTensor) and axis < len(self.shape) - 1:
-                rows = _RowBlocks(self, axis, lo, hi)
-                pieces.append(RowSlicedTensor(shape, self.dtype, load, source, rows.load,
-                                              rows.load_stored if self.stored_rows_loader else None))
+                rows = _RowBlocks(self, axis, first, width, step)
+                stored = rows.load_stored if self.stored_rows_loader else None
+                if isinstance(self, EncodedTensor):
+                    pieces.append(EncodedTensor(shape, self.dtype, load, source, rows.load, stored,
+                                                stored_type=self.stored_type, raw_loader=rows.load_raw))
+                else:
+                    pieces.append(RowSlicedTensor(shape, self.dtype, load, source, rows.load, stored))
             else:
                 pieces.append(LazyTensor(shape, self.dtype, load, source))
         return pieces
+
+    def swap_last_axes(self) -> LazyTensor:
+        """The matrices of a stack transposed: (..., n, m) -> (..., m, n) (experts stored (in, out),
+        as gpt-oss and Llama 4 keep them, into ggml's (out, in)). A row-sliceable stack stays
+        row-sliceable, one matrix read per range of its rows, so memory is bounded by one matrix."""
+        if len(self.shape) < 2:
+            raise ConversionError(f"{self.source}: expected a stack of matrices to transpose, got shape {self.shape}")
+        shape = (*self.shape[:-2], self.shape[-1], self.shape[-2])
+        load = lambda: np.ascontiguousarray(np.swapaxes(self.load(), -1, -2))  # noqa: E731
+        if not isinstance(self, RowSlicedTensor):
+            return LazyTensor(shape, self.dtype, load, self.source)
+        n, m = self.shape[-2:]
+
+        def rows(start: int, stop: int) -> np.ndarray:
+            pieces = []
+            position = start
+            while position < stop:
+                matrix, first = divmod(position, m)
+                take = min(stop - position, m - first)
+                stored = self.load_rows(matrix * n, (matrix + 1) * n)  # one matrix, (n, m)
+                pieces.append(np.ascontiguousarray(stored[:, first:first + take].T))
+                position += take
+            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else self.load_rows(0, 0)
+
+        return RowSlicedTensor(shape, self.dtype, load, self.source, rows)
 
     @staticmethod
     def from_array(array: np.ndarray, dtype: str = "F32", source: str = "") -> LazyTensor:
@@ -143,6 +175,20 @@ class RowSlicedTensor(LazyTensor):
         return self.stored_rows_loader(start, stop)
 
 
+@dataclass(frozen=True)
+class EncodedTensor(RowSlicedTensor):
+    """A tensor whose data is stored already in a GGML type (a GGUF file's tensors, a checkpoint's
+    MXFP4 experts): `raw_rows` gives the GGUF bytes of a range of rows as they are, so that a tensor
+    written in the type it is stored in is copied, not decoded and encoded again. load() and
+    load_rows() give the values, decoded (for a tensor whose type changes)."""
+
+    stored_type: GGMLType = GGMLType.F32
+    raw_loader: object = None  # Callable[[int, int], np.ndarray]: the stored bytes of rows [start, stop)
+
+    def raw_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.raw_loader(start, stop)
+
+
 def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored: bool) -> np.ndarray:
     """Rows [start, stop) of the parts stacked (each part has the same number of rows)."""
     per_part = parts[0].n_rows
@@ -158,16 +204,18 @@ def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored
 
 @dataclass(frozen=True)
 class _RowBlocks:
-    """The rows of a piece [lo, hi) along `axis` of a row-sliceable tensor, in the source's rows.
+    """The rows of a piece of a row-sliceable tensor along `axis`: indices first, first + step, ...
+    (`count` of them) of that axis, in the source's rows.
 
     With outer = the product of the axes before `axis` and inner = of those between it and the
-    last, the piece's rows for each outer index are one contiguous block of (hi - lo) * inner
-    source rows, starting at (outer_index * size + lo) * inner."""
+    last, index i of the piece for outer index o is the block of `inner` source rows starting at
+    (o * size + first + i * step) * inner; consecutive indices are contiguous when step is 1."""
 
     source: RowSlicedTensor
     axis: int
-    lo: int
-    hi: int
+    first: int
+    count: int
+    step: int = 1
 
     def load(self, start: int, stop: int) -> np.ndarray:
         return self._gather(start, stop, self.source.load_rows)
@@ -175,16 +223,23 @@ class _RowBlocks:
     def load_stored(self, start: int, stop: int) -> np.ndarray:
         return self._gather(start, stop, self.source.load_stored_rows)
 
+    def load_raw(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.raw_rows)
+
     def _gather(self, start: int, stop: int, rows: Callable[[int, int], np.ndarray]) -> np.ndarray:
         shape = self.source.shape
         inner = int(np.prod(shape[self.axis + 1:-1], dtype=np.int64))
-        block = (self.hi - self.lo) * inner  # piece rows per outer index
+        # a run of piece rows that are contiguous in the source: all `count` indices when step is 1,
+        # else one index (its `inner` rows)
+        run = self.count * inner if self.step == 1 else inner
+        runs_per_outer = self.count * inner // run
         pieces = []
         position = start
         while position < stop:
-            outer, offset = divmod(position, block)
-            take = min(stop - position, block - offset)
-            first = (outer * shape[self.axis] + self.lo) * inner + offset
+            run_index, offset = divmod(position, run)
+            outer, index = divmod(run_index, runs_per_outer)
+            take = min(stop - position, run - offset)
+            first = (outer * shape[self.axis] + self.first + index * self.step) * inner + offset
             pieces.append(rows(first, first + take))
             position += take
         if not pieces:
