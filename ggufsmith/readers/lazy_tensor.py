@@ -140,7 +140,9 @@ class LazyTensor:
                 stored = self.load_rows(matrix * n, (matrix + 1) * n)  # one matrix, (n, m)
                 pieces.append(np.ascontiguousarray(stored[:, first:first + take].T))
                 position += take
-            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces) if pieces else self.load_rows(0, 0)
+            if not pieces:
+                return self.load_rows(0, 0).reshape(0, n)
+            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
         return RowSlicedTensor(shape, self.dtype, load, self.source, rows)
 
