@@ -184,7 +184,7 @@ def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, capl
 
 
 @pytest.mark.parametrize("kind, preset", [("v3", p) for p in ("Q2_K", "Q3_K_S", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")]
-                         + [("glm", "Q4_K_M")])
+                         + [("v3", "MXFP4_MOE"), ("glm", "Q4_K_M"), ("glm", "MXFP4_MOE")])
 def test_presets_match_llama_quantize(models, converted, tmp_path, kind, preset):
     """`convert --outtype PRESET` straight from the checkpoint gives the file llama_model_quantize
     makes from the f32 conversion, byte for byte (its rules for attn_k_b/attn_v_b, the experts,

@@ -116,3 +116,54 @@ def test_variants_llama_cpp_cannot_run_are_refused(setting, message):
     config = HFConfig({"hidden_size": 16, "num_hidden_layers": 1, **setting}, "x/config.json")
     with pytest.raises(ConversionError, match=message):
         Mamba(config).metadata()
+
+
+MAMBA2 = {"hidden_size": 32, "num_heads": 4, "head_dim": 16, "n_groups": 2, "num_hidden_layers": 1}
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"num_heads": 3}, "num_heads 3 x head_dim 16"),
+    ({"n_groups": 3}, "n_groups 3 does not divide"),
+    ({"use_bias": True}, "use_bias"),
+    ({"use_conv_bias": False}, "conv1d bias"),
+    ({"time_step_limit": [0.0, 5.0]}, r"clamps dt"),
+    ({"time_step_limit": [0.001, {"__float__": "Infinity"}]}, r"clamps dt"),
+    ({"time_step_limit": [1.0]}, r"time_step_limit is \[1.0\]; expected \[low, high\]"),
+])
+def test_mamba2_variants_llama_cpp_cannot_run_are_refused(setting, message):
+    from ggufsmith.arch.mamba import Mamba2
+
+    with pytest.raises(ConversionError, match=message):
+        Mamba2(HFConfig({**MAMBA2, **setting}, "x/config.json")).metadata()
+
+
+def test_mamba2_reads_transformers_infinite_time_step_limit():
+    """transformers 5 saves the default limit (0, inf) as [0.0, {"__float__": "Infinity"}]: not a clamp."""
+    from ggufsmith.arch.mamba import Mamba2
+
+    config = HFConfig({**MAMBA2, "time_step_limit": [0.0, {"__float__": "Infinity"}]}, "x/config.json")
+    assert Mamba2(config).metadata()["mamba2.ssm.time_step_rank"].plain() == 4
+
+
+def test_mamba2_tensors_have_llama_cpp_names_and_layouts():
+    """Every tensor gets the name gguf-py lists for mamba2 and docs/architectures-other.md documents,
+    and the per-head and per-group layouts llama.cpp's mamba2 graph reads."""
+    gguf = pytest.importorskip("gguf")
+    from ggufsmith.arch.mamba import Mamba2
+
+    torch.manual_seed(0)
+    config = transformers.Mamba2Config(vocab_size=96, **MAMBA2, state_size=8, expand=2)
+    model = transformers.Mamba2ForCausalLM(config).eval()
+    state = numpy_state_dict(model)
+    mapped = {t.name: t for t in Mamba2(HFConfig({**config.to_dict(), "architectures": ["Mamba2ForCausalLM"]}))
+              .map_tensors(lazy_source(state))}
+    known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.MAMBA2]}
+    rows = documented_names("mamba2")
+    for t in mapped.values():
+        assert re_block(t.name.removesuffix(".weight").removesuffix(".bias")) in known, t.name
+        assert documented_gguf_name(rows, t.sources[0]) == t.name
+    mixer = model.backbone.layers[0].mixer
+    norm = mapped["blk.0.ssm_norm.weight"].tensor.load()
+    assert norm.shape == (2, 32)  # (n_groups, d_inner / n_groups): row g scales group g's channels
+    np.testing.assert_array_equal(norm[1], mixer.norm.weight.detach().numpy()[32:])
+    assert mapped["blk.0.ssm_a"].tensor.load().shape == mapped["blk.0.ssm_d"].tensor.load().shape == (4, 1)

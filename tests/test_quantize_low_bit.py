@@ -1,5 +1,5 @@
 """The types below 4.5 bits per weight (IQ4_NL, IQ4_XS, the grid types IQ3_XXS / IQ3_S / IQ2_XXS /
-IQ2_XS / IQ2_S / IQ1_S / IQ1_M, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0) are byte-identical to
+IQ2_XS / IQ2_S / IQ1_S / IQ1_M, the ternary TQ1_0 / TQ2_0, Q1_0, Q2_0, MXFP4) are byte-identical to
 ggml's C quantizer and decode bit for bit as ggml's to_float does, with and without an importance
 matrix, on the data sets of the other quantizer tests.
 
@@ -42,13 +42,18 @@ REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S]
 GRID_TYPES = [GGMLType.IQ3_XXS, GGMLType.IQ3_S, GGMLType.IQ2_S, GGMLType.IQ1_M] + REQUIRES_IMPORTANCE
 # These use the imatrix; ggml ignores it for the others (they accept one, as Q8_0 does).
 USES_IMPORTANCE = [GGMLType.IQ4_NL, GGMLType.IQ4_XS] + GRID_TYPES
-IGNORES_IMPORTANCE = [GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.Q1_0, GGMLType.Q2_0]
+IGNORES_IMPORTANCE = [GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.MXFP4]
 TYPES = USES_IMPORTANCE + IGNORES_IMPORTANCE
 WORK_WITHOUT_IMPORTANCE = [t for t in TYPES if t not in REQUIRES_IMPORTANCE]
 # Below ggml's abort threshold (module docstring).
 GRID_HUGE_SCALE = np.float32(1e-26)
 
-ROW_LENGTHS = {GGMLType.IQ4_NL: (32, 64, 4096), GGMLType.Q2_0: (64, 128, 4096), GGMLType.Q1_0: (128, 256, 4096)}
+ROW_LENGTHS = {
+    GGMLType.IQ4_NL: (32, 64, 4096),
+    GGMLType.MXFP4: (32, 64, 4096),
+    GGMLType.Q2_0: (64, 128, 4096),
+    GGMLType.Q1_0: (128, 256, 4096),
+}
 
 
 def _row_lengths(ggml_type: GGMLType) -> tuple[int, ...]:
@@ -132,7 +137,9 @@ def test_dequantize_matches_ggml_on_arbitrary_bytes(ggml_type):
     )
 
 
-@pytest.mark.parametrize("ggml_type", [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "ggml_type", [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.MXFP4], ids=lambda t: t.name
+)
 def test_dequantize_matches_gguf_py(ggml_type):
     gguf = pytest.importorskip("gguf")
     rows = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)

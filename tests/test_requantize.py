@@ -110,6 +110,10 @@ def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
+    return _imatrix_files(models, tmp_path_factory)
+
+
+def _imatrix_files(models, tmp_path_factory):
     """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
     out = {}
     for name, (_, f32) in models.items():
@@ -216,6 +220,38 @@ QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESET
                          ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
 def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
     _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
+
+
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+def test_mxfp4_moe_on_qwen3moe_is_llama_quantize(models, imatrices, tmp_path, with_imatrix):
+    """MXFP4_MOE: the expert stacks MXFP4, everything else quantizable Q8_0, from `convert
+    --outtype` and from `quantize`, and the file runs in llama.cpp. Both types ignore an imatrix,
+    so with one only the quantize.imatrix.* keys differ, as in llama-quantize."""
+    _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix, run=True)
+    _check_quantize(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix)
+    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(tmp_path / "ours.gguf").tensors}
+    assert types["blk.0.ffn_up_exps.weight"] == types["blk.1.ffn_down_exps.weight"] == GGMLType.MXFP4
+    assert types["blk.0.attn_q.weight"] == types["output.weight"] == GGMLType.Q8_0
+
+
+def test_mxfp4_moe_file_is_read_back_for_requantizing_and_inspect(models, tmp_path):
+    """An MXFP4 input is decoded (dequantize) as llama.cpp decodes it: requantizing the MXFP4_MOE
+    file to Q4_K_M gives llama-quantize's bytes; the command line takes the preset and the type."""
+    model_dir, f32 = models["qwen3moe"]
+    mxfp4 = tmp_path / "mxfp4.gguf"
+    _cli("convert", model_dir, mxfp4, "--outtype", "mxfp4_moe", "-q")
+    assert llama_quantize(f32, tmp_path / "theirs-mxfp4.gguf", get_preset("MXFP4_MOE").file_type) == 0
+    assert_same_file(mxfp4, tmp_path / "theirs-mxfp4.gguf")
+    assert llama_quantize(mxfp4, tmp_path / "theirs.gguf", get_preset("Q4_K_M").file_type, allow_requantize=True) == 0
+    _cli("quantize", mxfp4, tmp_path / "ours.gguf", "Q4_K_M", "--allow-requantize", "-q")
+    assert_same_file(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    # MXFP4 as a tensor type wherever types are accepted
+    assert llama_quantize(f32, tmp_path / "theirs-tt.gguf", get_preset("Q8_0").file_type,
+                          tensor_types=[("ffn_.*_exps", GGMLType.MXFP4)]) == 0
+    _cli("quantize", f32, tmp_path / "ours-tt.gguf", "Q8_0", "--tensor-type", "ffn_.*_exps=mxfp4", "-q")
+    assert_same_file(tmp_path / "ours-tt.gguf", tmp_path / "theirs-tt.gguf")
+    listing = _cli("inspect", mxfp4).stdout
+    assert "blk.0.ffn_gate_exps.weight" in listing and "MXFP4" in listing
 
 
 def test_q2_k_s_needs_an_imatrix(models, imatrices, tmp_path):
@@ -423,3 +459,47 @@ def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == names
     for name in names:
         assert_same_file(tmp_path / "ours" / name, tmp_path / "theirs" / name)
+
+
+# Issue 17: llama-quantize's rules for state-space models (which recurrent tensors stay F32: A, D,
+# the conv kernel, the grouped norm; which are quantized: the in/out projections), every preset
+# through `convert --outtype PRESET`, and the presets that need an importance matrix with one.
+SSM_MODELS = {
+    # hidden 256 so that the K-quants' 256-blocks fit ssm_in's rows; in_proj: 2 x 512 + 2 x 2 x 16 + 8 rows
+    "mamba2": dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
+                   expand=2, chunk_size=16),
+}
+SSM_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True)]
+
+
+@pytest.fixture(scope="module")
+def ssm_models(tmp_path_factory):
+    import torch
+    import transformers
+
+    out = {}
+    for name, config in SSM_MODELS.items():
+        model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
+        (model_dir / "model.safetensors").unlink()
+        (model_dir / "config.json").unlink()
+        torch.manual_seed(3)
+        model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(vocab_size=2000, **config))
+        randomize_weights(model.eval(), 3)
+        model.save_pretrained(model_dir)
+        f32 = model_dir.parent / f"{name}-f32.gguf"
+        ggufsmith.convert(model_dir, f32, "f32")
+        out[name] = (model_dir, f32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ssm_imatrices(ssm_models, tmp_path_factory):
+    return _imatrix_files(ssm_models, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "with_imatrix"), SSM_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in SSM_CASES])
+@pytest.mark.parametrize("model", list(SSM_MODELS))
+def test_convert_every_preset_ssm(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix):
+    _convert_preset_check(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix)

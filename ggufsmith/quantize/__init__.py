@@ -25,5 +25,6 @@ from ggufsmith.quantize import iq_nonlinear  # noqa: E402,F401  IQ4_NL, IQ4_XS
 from ggufsmith.quantize import iq3  # noqa: E402,F401  IQ3_XXS, IQ3_S
 from ggufsmith.quantize import iq2  # noqa: E402,F401  IQ2_XXS, IQ2_XS, IQ2_S
 from ggufsmith.quantize import iq1  # noqa: E402,F401  IQ1_S, IQ1_M
+from ggufsmith.quantize import mxfp4  # noqa: E402,F401  MXFP4
 
 __all__ = ["QuantFormat", "dequantize", "get_format", "quantize", "register", "supported_types"]

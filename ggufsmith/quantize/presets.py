@@ -62,6 +62,7 @@ PRESETS: dict[str, Preset] = {
         Preset("IQ2_M", FileType.MOSTLY_IQ2_M, T.IQ2_S),
         Preset("IQ1_S", FileType.MOSTLY_IQ1_S, T.IQ1_S),
         Preset("IQ1_M", FileType.MOSTLY_IQ1_M, T.IQ1_M),
+        Preset("MXFP4_MOE", FileType.MOSTLY_MXFP4_MOE, T.MXFP4),
     ]
 }
 
@@ -178,6 +179,15 @@ def _category(name: str) -> str:
     return "other"
 
 
+def _is_expert_stack(shape: Sequence[int], category: str, arch: str) -> bool:
+    """Whether MXFP4_MOE makes this tensor MXFP4: llama.cpp's test is a third dimension (ne[2],
+    numpy's shape[-3]) above 1, i.e. a stack of expert matrices. bailingmoe3's MLA projections
+    are 3-D too, so for it only the feed-forward stacks count."""
+    if len(shape) < 3 or int(shape[-3]) <= 1:
+        return False
+    return arch != "bailingmoe3" or category in ("ffn_up", "ffn_gate", "ffn_down")
+
+
 def _use_more_bits(i_layer: int, n_layers: int) -> bool:
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
@@ -261,11 +271,13 @@ class TypeChooser:
         if category == "output" or (self.tied_embeddings and category == "token_embd"):
             if self.options.output_tensor_type is not None:
                 return self.options.output_tensor_type
-            if falcon or int(shape[-1]) % GGML_TYPE_LAYOUT[new_type].block_size:
+            if falcon or ftype == "MXFP4_MOE" or int(shape[-1]) % GGML_TYPE_LAYOUT[new_type].block_size:
                 return T.Q8_0
             if ftype in _LOWEST_BIT or ftype == "IQ3_XXS":
                 return T.Q5_K
             return new_type if new_type == T.Q8_0 else T.Q6_K
+        if ftype == "MXFP4_MOE":
+            return T.MXFP4 if _is_expert_stack(shape, category, f.arch) else T.Q8_0
         if category == "token_embd":
             if ftype in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
                 return T.Q2_K

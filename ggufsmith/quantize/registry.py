@@ -43,6 +43,10 @@ class QuantFormat:
     # Input elements per quantize_rows call, if not CHUNK_ELEMENTS: for a type whose per-call cost
     # has a large fixed part (Q3_K's iterative sweeps).
     chunk_elements: int | None = None
+    # For stored data: which rows (uint8[n_rows, row_bytes] -> bool[n_rows]) hold blocks that
+    # ggml_validate_row_data rejects although they decode to finite values (MXFP4's exponent 0xFF,
+    # E8M0's NaN). Blocks that decode to NaN or Inf need no such test.
+    invalid_rows: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def block_size(self) -> int:

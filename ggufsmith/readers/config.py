@@ -20,6 +20,19 @@ from ggufsmith.readers.jsonfile import read_json
 _REQUIRED = object()
 
 
+def _json_float(value: Any) -> float | None:
+    """A number of a config file, infinities included (None for anything else, NaN included)."""
+    if isinstance(value, dict) and set(value) == {"__float__"} and isinstance(value["__float__"], str):
+        value = value["__float__"]
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
 class ConfigInt(int):
     """An int read from a config file, with the key it came from (arithmetic drops it)."""
 
@@ -117,6 +130,18 @@ class HFConfig:
 
     def get_list(self, *names: str, default: Any = _REQUIRED) -> Any:
         return self._typed(names, default, list, "a JSON array")
+
+    def get_bounds(self, *names: str, default: Any = _REQUIRED) -> Any:
+        """A [low, high] pair of numbers, either of which may be infinite: written as a bare
+        Infinity, or as transformers 5 saves non-finite floats, {"__float__": "Infinity"}."""
+        name = self._first(names)
+        if name is None:
+            return self._missing(names, default)
+        value = self.values[name]
+        bounds = [_json_float(v) for v in value] if isinstance(value, list) and len(value) == 2 else None
+        if bounds is None or None in bounds or bounds[0] > bounds[1]:
+            raise self.error(name, value, "[low, high], two numbers with low <= high")
+        return (bounds[0], bounds[1])
 
     def error(self, name: str, value: Any, expected: str) -> ConversionError:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."

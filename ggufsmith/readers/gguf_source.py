@@ -21,7 +21,7 @@ from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor
-from ggufsmith.quantize import dequantize
+from ggufsmith.quantize import dequantize, get_format
 
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # The keys `quantize` reads as integers; the {arch}.* ones may be per-layer arrays of integers.
@@ -46,7 +46,16 @@ def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor
         return t.data[start * row_bytes : stop * row_bytes]
 
     def rows(start: int, stop: int) -> np.ndarray:
-        return _finite(dequantize(raw(start, stop), t.ggml_type, (stop - start, row_length)), f"rows {start} to {stop - 1}")
+        data = raw(start, stop)
+        _valid(data, start, stop)
+        return _finite(dequantize(data, t.ggml_type, (stop - start, row_length)), f"rows {start} to {stop - 1}")
+
+    def _valid(data: np.ndarray, start: int, stop: int) -> None:
+        # Blocks llama.cpp's loader rejects although they decode to finite values.
+        invalid_rows = get_format(t.ggml_type).invalid_rows
+        if invalid_rows is not None and stop > start and invalid_rows(data.reshape(stop - start, row_bytes)).any():
+            raise ConversionError(f"{path}: tensor {t.name} has {t.ggml_type.name} blocks llama.cpp rejects as invalid "
+                                  f"in rows {start} to {stop - 1}; the model is damaged")
 
     def whole() -> np.ndarray:
         return _finite(t.to_float32(), "its values")
