@@ -231,18 +231,25 @@ class _RowBlocks:
     def _gather(self, start: int, stop: int, rows: Callable[[int, int], np.ndarray]) -> np.ndarray:
         shape = self.source.shape
         inner = int(np.prod(shape[self.axis + 1:-1], dtype=np.int64))
-        # a run of piece rows that are contiguous in the source: all `count` indices when step is 1,
-        # else one index (its `inner` rows)
-        run = self.count * inner if self.step == 1 else inner
-        runs_per_outer = self.count * inner // run
+        block = self.count * inner  # piece rows per outer index
         pieces = []
         position = start
         while position < stop:
-            run_index, offset = divmod(position, run)
-            outer, index = divmod(run_index, runs_per_outer)
-            take = min(stop - position, run - offset)
-            first = (outer * shape[self.axis] + self.first + index * self.step) * inner + offset
-            pieces.append(rows(first, first + take))
+            outer, offset = divmod(position, block)
+            take = min(stop - position, block - offset)
+            base = (outer * shape[self.axis] + self.first) * inner
+            if self.step == 1:
+                pieces.append(rows(base + offset, base + offset + take))
+            else:
+                # one read of the source rows spanning the indices wanted, every step-th index kept
+                # (one call, not one per index: a transposed source reads a whole matrix per call)
+                first, last = offset // inner, (offset + take - 1) // inner
+                n_read = (last - first) * self.step + 1  # indices read
+                span = rows(base + first * self.step * inner, base + (first * self.step + n_read) * inner)
+                span = span.reshape(n_read * inner, -1)  # a row per line (raw bytes come flat)
+                kept = span.reshape(n_read, inner, -1)[::self.step].reshape(-1, span.shape[1])
+                skip = offset - first * inner
+                pieces.append(kept[skip:skip + take])
             position += take
         if not pieces:
             return rows(0, 0)
