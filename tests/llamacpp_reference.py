@@ -46,6 +46,13 @@ TOKENIZER_KEY_DIFFERENCES: dict[str, str] = {
     "tokenizer.ggml.remove_extra_whitespaces": "from SentencePiece's normalizer spec, explicit instead of the default",
 }
 
+# BPE special-token ids ggufsmith writes and the reference leaves to llama.cpp's load-time search.
+EXPLICIT_SPECIAL_IDS: dict[str, str] = {
+    key: "written explicitly; llama.cpp finds the same id by its text at load time"
+    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id"
+                                                 for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
+}
+
 
 def cache_root() -> Path:
     root = os.environ.get("GGUFSMITH_TEST_CACHE") or Path.home() / ".cache" / "ggufsmith-tests"
@@ -119,8 +126,8 @@ def run_reference_converter(model_dir: Path, outfile: Path, outtype: str, *extra
     return Path(outfile)
 
 
-def _run(cmd: list[str], model_dir: Path, timeout: float) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env(), timeout=timeout)
+def _run(cmd: list[str], model_dir: Path, timeout: float, env: dict[str, str] | None = None) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env() | (env or {}), timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise AssertionError(f"convert_hf_to_gguf.py failed ({proc.returncode}) on {model_dir}:\n{tail}")
@@ -130,12 +137,15 @@ def _run(cmd: list[str], model_dir: Path, timeout: float) -> None:
 # transformers, which this pays once. Each conversion is the script's own main() with the command
 # line it would get if run by itself.
 _CONVERT_EACH_OUTTYPE = """
-import sys
+import os, sys
 from pathlib import Path
 
 script, model_dir, out_dir, *outtypes = sys.argv[1:]
 sys.path.insert(0, str(Path(script).parent))
 import convert_hf_to_gguf
+if os.environ.get("GGUFSMITH_FORCE_PRE"):
+    import conversion.base
+    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
 
 for outtype in outtypes:
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
@@ -146,16 +156,20 @@ for outtype in outtypes:
 _conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
 
-def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...]) -> dict[str, Path]:
+def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
+                          pre: str | None = None) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
-    Made once per test session for a given folder and outtypes, all in one Python process."""
+    Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
+    the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
+    by hashing the tokens of a test text, which knows only published vocabularies)."""
     key = (Path(model_dir).resolve(), tuple(outtypes))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
+        env = {"GGUFSMITH_FORCE_PRE": pre or ""}
         _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
-             model_dir, timeout=1800)
+             model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]
 

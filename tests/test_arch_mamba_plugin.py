@@ -122,9 +122,9 @@ MAMBA2 = {"hidden_size": 32, "num_heads": 4, "head_dim": 16, "n_groups": 2, "num
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"num_heads": 3}, "num_heads 3 x head_dim 16"),
-    ({"n_groups": 3}, "n_groups 3 does not divide"),
-    ({"use_bias": True}, "use_bias"),
+    ({"num_heads": 3}, "3 Mamba heads x head dim 16 is not the inner size 64"),
+    ({"n_groups": 3}, "not a multiple of the 4 heads and 3 groups"),
+    ({"use_bias": True}, "projections have biases"),
     ({"use_conv_bias": False}, "conv1d bias"),
     ({"time_step_limit": [0.0, 5.0]}, r"clamps dt"),
     ({"time_step_limit": [0.001, {"__float__": "Infinity"}]}, r"clamps dt"),

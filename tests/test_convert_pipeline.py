@@ -7,6 +7,7 @@ the pipeline alone; end-to-end runs through llama.cpp live with the llama plugin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -405,3 +406,34 @@ def test_stacked_experts_stream_in_slices_across_expert_boundaries(tmp_path, mon
         np.testing.assert_array_equal(ours, gguf.quants.dequantize(reference, gguf.GGMLQuantizationType.Q8_0))
     else:
         np.testing.assert_array_equal(ours, (stacked.half().float() if outtype == "f16" else stacked).numpy())
+
+
+def test_transposed_expert_stacks_stream_in_slices(tmp_path, monkeypatch):
+    """Llama 4's expert stacks (E, hidden, 2F), transposed and split into gate and up, stay
+    row-sliceable: every range of rows equals numpy's transpose, as stored (bf16 bits) and widened,
+    and no read of the checkpoint exceeds a block of rows."""
+    from safetensors.torch import save_file
+
+    import ggufsmith.readers.lazy_tensor as lazy_tensor
+    from ggufsmith.readers.checkpoint import open_checkpoint
+    from ggufsmith.readers.lazy_tensor import RowSlicedTensor
+
+    stack = torch.randn(3, 8, 10, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)  # (E, hidden, 2F)
+    save_file({"gate_up_proj": stack}, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(lazy_tensor, "_BLOCK_ELEMENTS", 3 * 10)  # blocks of 3 of a matrix's 8 rows
+    expected = np.swapaxes(stack.float().numpy(), -1, -2)  # (E, 2F, hidden)
+    with open_checkpoint(tmp_path) as ckpt:
+        source = ckpt.tensors["gate_up_proj"]
+        widest = []
+        counted = dataclasses.replace(source, rows_loader=lambda a, b: widest.append(b - a) or source.load_rows(a, b))
+        gate, up = counted.swap_last_axes().split(2, -2)
+        for part, rows in ((gate, expected[:, :5]), (up, expected[:, 5:])):
+            assert isinstance(part, RowSlicedTensor) and part.shape == (3, 5, 8)
+            flat = rows.reshape(-1, 8)
+            for start in range(16):
+                for stop in range(start, 16):
+                    np.testing.assert_array_equal(part.load_rows(start, stop), flat[start:stop])
+                    bits = part.load_stored_rows(start, stop)
+                    np.testing.assert_array_equal((bits.astype(np.uint32) << 16).view(np.float32), flat[start:stop])
+    assert max(widest) <= 3

@@ -159,8 +159,12 @@ def test_kind_override_needs_its_file(qwen2_dir, sp_dir):
         export_tokenizer(qwen2_dir, kind="llama")
     with pytest.raises(TokenizerError, match="tokenizer.json: missing"):
         export_tokenizer(sp_dir, kind="gpt2")
-    with pytest.raises(TokenizerError, match="unknown tokenizer kind"):
+    with pytest.raises(TokenizerError, match="neither a WordPiece tokenizer.json nor a vocab.txt"):
         export_tokenizer(sp_dir, kind="bert")
+    with pytest.raises(TokenizerError, match="tokenizer.json: not a WordPiece model"):
+        export_tokenizer(qwen2_dir, kind="bert")
+    with pytest.raises(TokenizerError, match="unknown tokenizer kind"):
+        export_tokenizer(sp_dir, kind="wordpiece")
 
 
 def test_empty_directory(tmp_path):
@@ -180,7 +184,6 @@ def test_unreadable_json_names_the_file(qwen2_dir):
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda d: d["model"].update(type="WordPiece"), "WordPiece tokenizer model is not supported"),
         (lambda d: d["model"].update(type="Unigram"), "Unigram tokenizer model is not supported"),
         (lambda d: d["model"].update(byte_fallback=True), "SentencePiece-style BPE with pre-tokenizer 'Sequence'"),
         (lambda d: d["model"].update(continuing_subword_prefix="##"), "continuing_subword_prefix"),

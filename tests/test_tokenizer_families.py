@@ -1,5 +1,5 @@
 """The BPE tokenizers of the current dense families (Qwen2/3, Qwen 3.5, StarCoder2, OLMo, OLMo 2,
-SmolLM3, Granite, Command-R, GLM-4, EXAONE 4): each is trained here with its family's pre-tokenizer,
+SmolLM3, Granite, Command-R, GLM-4, EXAONE 4, Llama 4): each is trained here with its family's pre-tokenizer,
 special tokens, bos/eos and a chat template, beside a config.json naming the family.
 
 Checked against llama.cpp loading our export and transformers loading the folder: the
@@ -69,6 +69,10 @@ FAMILIES = {
     "exaone4": Family("exaone4", "exaone4", "exaone4",
                       ("[PAD]", "[BOS]", "[|endofturn|]", "[UNK]", "<|system|>", "<|user|>", "<|assistant|>"),
                       "[|endofturn|]", "[|endofturn|]"),
+    "llama4": Family("llama4", "llama4", "llama4",
+                     ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>",
+                      "<|eom|>"), "<|eot|>", "<|eot|>", bos="<|begin_of_text|>",
+                     generation_eos=("<|end_of_text|>", "<|eot|>", "<|eom|>")),
 }
 
 

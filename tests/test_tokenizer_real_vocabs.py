@@ -2,8 +2,8 @@
 strings and .out token ids that the real Hugging Face tokenizers produced).
 
 From each GGUF vocabulary we rebuild the files a checkpoint would carry: a tokenizer.json (tokens,
-merges, added tokens, and the model's real pre_tokenizer config from tests/tokenizer_configs.py)
-or a SentencePiece tokenizer.model. Two checks per string:
+merges, added tokens, and the model's real pre_tokenizer config from tests/tokenizer_configs.py),
+a SentencePiece tokenizer.model, or a WordPiece vocab.txt (bert-bge). Two checks per string:
   - transformers / sentencepiece on the rebuilt files give the .out ids (the rebuild is faithful);
   - llama.cpp on our export of those files gives the .out ids (our export is faithful).
 The vocab files come from the llama-cpp-python sdist (tests/llamacpp_reference.py fetches it).
@@ -147,5 +147,48 @@ def test_real_sentencepiece_vocab(tmp_path, name):
 
     metadata = export_tokenizer(model_dir)
     llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "ours.gguf"))
+    for text, ids in cases:
+        assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) == ids, repr(text)
+
+
+# -- WordPiece: llama.cpp's bert-bge vocabulary (bge-small-en-v1.5, bert-base-uncased's 30522 tokens) ---
+
+def _rebuild_vocab_txt(name: str, model_dir: Path) -> None:
+    """vocab.txt back in WordPiece's spelling: "▁play" -> "play", a piece without the mark ->
+    "##piece"; control tokens and this older file's unmarked [unusedN] tokens as they are."""
+    fields = _fields(name)
+    pieces = []
+    for text, token_type in zip(fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]):
+        if token_type == 3 or (text.startswith("[unused") and text.endswith("]")):
+            pieces.append(text)
+        else:
+            pieces.append(text[1:] if text.startswith("\u2581") else "##" + text)
+    model_dir.mkdir()
+    (model_dir / "vocab.txt").write_text("".join(f"{piece}\n" for piece in pieces), encoding="utf-8")
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                                 "do_lower_case": True}))
+
+
+def test_real_wordpiece_vocab(tmp_path):
+    """The same tokenizer keys back (the [unusedN] tokens now carry the word-start mark, as
+    llama.cpp's current converter writes every non-control token), and the test vectors pass."""
+    import transformers
+
+    model_dir = tmp_path / "bert-bge"
+    _rebuild_vocab_txt("bert-bge", model_dir)
+    cases = _cases("bert-bge")
+    reference = transformers.AutoTokenizer.from_pretrained(model_dir)
+    assert all(reference.encode(text, add_special_tokens=False) == ids for text, ids in cases), \
+        "the rebuilt vocab.txt is not faithful"
+
+    metadata = export_tokenizer(model_dir)
+    original = _fields("bert-bge")
+    ours, theirs = metadata.get("tokenizer.ggml.tokens"), original["tokenizer.ggml.tokens"]
+    assert len(ours) == len(theirs)
+    assert all(t == o or (o.startswith("[unused") and t == "\u2581" + o) for t, o in zip(ours, theirs))
+    assert list(metadata.get("tokenizer.ggml.token_type")) == list(original["tokenizer.ggml.token_type"])
+    for key in ("unknown_token_id", "seperator_token_id", "padding_token_id", "cls_token_id", "mask_token_id"):
+        assert metadata.get(f"tokenizer.ggml.{key}") == original[f"tokenizer.ggml.{key}"], key
+    llm = load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "ours.gguf", arch="bert"))
     for text, ids in cases:
         assert llm.tokenize(text.encode("utf-8"), add_bos=False, special=False) == ids, repr(text)

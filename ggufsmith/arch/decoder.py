@@ -103,6 +103,14 @@ def experts(*, prefix: str = "mlp.", router: str = "gate", when: str | None = No
     }
 
 
+def mixtral_experts(*, fused_router: str = "gate", when: str | None = None) -> dict[str, T | Split]:
+    """Mixtral-style experts (Mixtral, PhiMoE, MiniMax-M2) in both layouts: the original checkpoints'
+    `block_sparse_moe.gate` and `block_sparse_moe.experts.{xid}.w1/w3/w2` (gate, up, down), and
+    transformers 5's `mlp.<fused_router>` with the fused `mlp.experts.*` stacks."""
+    return {**experts(prefix="block_sparse_moe.", per_expert=("w1", "w3", "w2"), when=when),
+            **experts(router=fused_router, when=when)}
+
+
 def shared_expert(prefix: str = "mlp.shared_expert.", *, when: str | None = None) -> dict[str, T]:
     """A shared expert: an MLP every token goes through beside the routed ones."""
     return {
@@ -143,15 +151,15 @@ LLAMA_NORMS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_
 
 
 def llama_decoder(*, attention_biases: str = "optional", o_bias: str | None = None, mlp_biases: str = "optional",
-                  qk_norm: bool = False) -> dict[str, T]:
+                  qk_norm: bool = False, dense_mlp: bool = True) -> dict[str, T]:
     """The whole table of a Llama-layout decoder: embeddings, and per block two norms, attention
-    and the gated MLP."""
+    and (unless dense_mlp is False: a mixture of experts the plugin adds instead) the gated MLP."""
     return {
         **embeddings(),
         **in_block({
             **norms(**LLAMA_NORMS),
             **attention(biases=attention_biases, o_bias=o_bias, qk_norm=qk_norm),
-            **mlp(biases=mlp_biases),
+            **(mlp(biases=mlp_biases) if dense_mlp else {}),
         }),
     }
 
@@ -172,6 +180,7 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    feed_forward_keys: tuple[str, ...] = ("intermediate_size",)  # config names of the (dense) MLP's width
     yarn_handled: tuple[str, ...] = ()  # yarn parameters the plugin writes itself (Rope.write_scaling_keys)
     yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
     # Old checkpoints store the rotary frequencies; they follow from the config.
@@ -199,7 +208,7 @@ class Decoder(Architecture):
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
         keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int(*self.context_keys, default=None, min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int(*self.feed_forward_keys, min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
+from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
-from ggufsmith.constants import Keys
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.lazy_tensor import LazyTensor
 
 SHARED = "n_ff_shexp > 0"
 
@@ -61,3 +64,74 @@ class GraniteMoe(Granite):
         super().family_keys(keys)
         shared = self.config.get_int("shared_intermediate_size", default=0, min=0)
         keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared or None)
+
+
+ATTENTION_LAYER = "n_head_kv > 0"  # llama.cpp: a layer is recurrent iff its head_count_kv is 0
+RECURRENT_LAYER = "n_head_kv == 0"
+NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
+
+
+def _dense_shared_mlp() -> dict[str, T | Split]:
+    """Without routed experts, the "shared" MLP is the block's only feed-forward: llama.cpp's ffn_*."""
+    return {"shared_mlp.input_linear.weight": Split(T("ffn_gate.weight", "n_ff", "n_embd"), T("ffn_up.weight", "n_ff", "n_embd")),
+            "shared_mlp.output_linear.weight": T("ffn_down.weight", "n_embd", "n_ff")}
+
+
+def _hybrid_table(moe: bool) -> dict[str, T | Split]:
+    decoder = {hf: spec for hf, spec in GraniteMoe.tensor_names.items() if ".block_sparse_moe." not in hf
+               and ".shared_mlp." not in hf}
+    attention = {hf: spec for hf, spec in decoder.items() if ".self_attn." in hf}
+    feed_forward = {hf: spec for hf, spec in GraniteMoe.tensor_names.items() if hf not in decoder} if moe else \
+        in_block(_dense_shared_mlp())
+    return {**decoder, **only_where(attention, ATTENTION_LAYER), **feed_forward,
+            **only_where(in_block(mamba2_mixer("mamba.", conv_bias="optional")), RECURRENT_LAYER)}
+
+
+class GraniteHybrid(GraniteMoe):
+    """Granite 4 (`GraniteMoeHybridForCausalLM`): Granite's multipliers; Mamba-2 mixers in the layers
+    layer_types names "mamba"/"linear_attention", attention in the others; routed experts with a
+    shared one, or (num_local_experts 0) the shared MLP alone as a dense feed-forward. Rope only
+    with position_embedding_type "rope" (llama.cpp's rope.scaling.finetuned switch)."""
+
+    name = "granitehybrid"
+    hf_classes = ("GraniteMoeHybridForCausalLM",)
+    model_types = ("granitemoehybrid",)
+    tensor_names = _hybrid_table(moe=True)
+    f32_tensors = ROUTER + MAMBA2_F32
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.config
+        self.n_layer = c.get_int("num_hidden_layers", min=1)
+        self.recurrent = recurrent_layers(c, self.n_layer, default=["linear_attention"] * self.n_layer)
+        self.moe = c.get_int("num_local_experts", default=8, min=0) > 0
+        if not self.moe:
+            self.tensor_names = _hybrid_table(moe=False)
+
+    def family_keys(self, keys: ArchKeys) -> None:
+        c = self.config
+        keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_local_experts", default=8) if self.moe else None)
+        keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", default=2, min=1) if self.moe else None)
+        keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
+        keys.u32(Keys.Rope.DIMENSION_COUNT, self.head_dim)
+        keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
+        keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
+        keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
+        keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+        shared = c.get_int("shared_intermediate_size", default=1024, min=1)
+        if self.moe:
+            keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared)
+        else:
+            keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), shared, GGUFValueType.UINT32)
+        mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
+        kv = [0 if recurrent else int(self.n_head_kv) for recurrent in self.recurrent]
+        keys.metadata.replace(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name), kv, GGUFValueType.ARRAY,
+                              GGUFValueType.UINT32)
+        rope = c.get_str("position_embedding_type", default=None) == "rope" or not any(self.recurrent)
+        keys.bool(Keys.Rope.SCALING_FINETUNED, rope)
+        if not rope:
+            keys.metadata.replace(arch_key(Keys.LLM.CONTEXT_LENGTH, self.name), NO_ROPE_CONTEXT, GGUFValueType.UINT32)
+
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        tensor = super().transform(name, tensor)
+        return mamba2_transform(name, tensor, self.config.get_int("mamba_n_groups", default=1, min=1))

@@ -5,7 +5,7 @@ experts). Sources: the HF modeling code for the checkpoint layout, llama.cpp's l
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
-from ggufsmith.arch.decoder import ROUTER, Decoder, experts, in_block, llama_decoder
+from ggufsmith.arch.decoder import ROUTER, Decoder, in_block, llama_decoder, mixtral_experts
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -25,8 +25,7 @@ class Llama(Decoder):
         # Mixtral: the router and the experts' gate/up/down, as the original checkpoints store them
         # (block_sparse_moe.gate, experts.{xid}.w1/w3/w2) and as transformers 5 saves them
         # (mlp.gate, the fused mlp.experts.gate_up_proj / down_proj).
-        **in_block(experts(prefix="block_sparse_moe.", per_expert=("w1", "w3", "w2"), when=MOE)),
-        **in_block(experts(when=MOE)),
+        **in_block(mixtral_experts(when=MOE)),
     }
     f32_tensors = ROUTER
     # Tied embeddings: save_pretrained stores no lm_head, so there is no `output` tensor and

@@ -7,19 +7,15 @@ Layout changes, all dictated by llama.cpp's mamba and mamba2 graphs:
     i.e. numpy (d_inner, d_conv): the singleton channel axis is dropped.
 ssm_conv and ssm_scan read their inputs as plain float arrays, so the conv weight, A and D stay F32
 whatever the output type.
-Mamba-2 has one A, D and dt bias per head, and llama.cpp reads A and D as {1, n_head} (numpy
-(n_head, 1)); its gated RMSNorm normalizes groups of d_inner / n_groups channels, which llama.cpp
-reads as one {d_inner / n_groups, n_groups} weight (numpy (n_groups, d_inner / n_groups)).
+Mamba-2's mixer is shared with the hybrids: see arch/hybrid.py.
 """
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.decoder import in_block
+from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform, negative_exp
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -30,10 +26,6 @@ from ggufsmith.gguf_writer.metadata import Metadata
 # large value, and a recurrent model is not limited by it.
 MAMBA_CONTEXT_LENGTH = 2**20
 
-
-def negative_exp(tensor: LazyTensor) -> LazyTensor:
-    """A = -exp(A_log), in float64 rounded once: correctly rounded whatever libm's float32 exp does."""
-    return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
 
 
 class Mamba(Architecture):
@@ -108,6 +100,8 @@ class Mamba(Architecture):
 
 
 class Mamba2(Architecture):
+    """Mamba-2: the mixer of arch/hybrid.py in every block."""
+
     name = "mamba2"
     hf_classes = ("Mamba2ForCausalLM",)
     model_types = ("mamba2",)
@@ -117,66 +111,25 @@ class Mamba2(Architecture):
         "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
         "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
         "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({
-            "norm.weight": T("attn_norm.weight", "n_embd"),
-            # z, then x B C (the conv input), then dt: one row per channel, per group state, per head.
-        # dt_rank is llama.cpp's name for Mamba-2's number of heads (ssm.time_step_rank).
-            "mixer.in_proj.weight": T("ssm_in.weight", "2 * d_inner + 2 * n_group * d_state + dt_rank", "n_embd"),
-            "mixer.conv1d.weight": T("ssm_conv1d.weight", "d_inner + 2 * n_group * d_state", "d_conv"),
-            "mixer.conv1d.bias": T("ssm_conv1d.bias", "d_inner + 2 * n_group * d_state"),
-            "mixer.dt_bias": T("ssm_dt.bias", "dt_rank"),
-            "mixer.A_log": T("ssm_a", "dt_rank", 1),
-            "mixer.D": T("ssm_d", "dt_rank", 1),
-            "mixer.norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group"),
-            "mixer.out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
-        }, hf_prefix="backbone.layers.{bid}."),
+        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mamba2_mixer("mixer.")},
+                   hf_prefix="backbone.layers.{bid}."),
     }
-    f32_tensors = (r"blk\.\d+\.ssm_conv1d\.weight",)  # ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
+    f32_tensors = MAMBA2_F32
 
     def metadata(self) -> Metadata:
         c = self.config
-        d_model = c.get_int("hidden_size", "d_model", min=1)
-        d_inner = c.get_int("expand", default=2, min=1) * d_model
-        n_head = c.get_int("num_heads", min=1)
-        head_dim = c.get_int("head_dim", default=64, min=1)
-        n_group = c.get_int("n_groups", default=8, min=1)
-        if n_head * head_dim != d_inner:
-            raise ConversionError(f"{c.path}: num_heads {n_head} x head_dim {head_dim} is not expand x hidden_size "
-                                  f"{d_inner}; the checkpoint's in_proj cannot be split into heads")
-        if d_inner % n_group:
-            raise ConversionError(f"{c.path}: n_groups {n_group} does not divide the inner size {d_inner}")
-        if c.get_bool("use_bias", default=False):
-            raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba2 has no in/out projection biases")
         if not c.get_bool("use_conv_bias", default=True):
             raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba2 requires the conv1d bias")
-        low, high = c.get_bounds("time_step_limit", default=(0.0, math.inf))
-        if low > 0.0 or high != math.inf:  # softplus makes dt positive: a low bound of 0 clamps nothing
-            raise ConversionError(f"{c.path}: time_step_limit [{low}, {high}] clamps dt; llama.cpp's mamba2 does not")
-
         m = Metadata()
         keys = ArchKeys(m, self.name)
         keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
-        keys.u32(Keys.LLM.EMBEDDING_LENGTH, d_model)
+        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", "n_layer", min=1))
-        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("conv_kernel", "d_conv", default=4, min=1))
-        keys.u32(Keys.SSM.INNER_SIZE, d_inner)
-        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("state_size", "d_state", default=128, min=1))
-        keys.u32(Keys.SSM.TIME_STEP_RANK, n_head)  # llama.cpp's name for the number of heads
-        keys.u32(Keys.SSM.GROUP_COUNT, n_group)
+        mamba2_keys(keys, c)
         keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         return m
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
-        if name.endswith(".ssm_a"):
-            return negative_exp(tensor).reshape(tensor.shape[0], 1)
-        if name.endswith(".ssm_d"):
-            return tensor.reshape(tensor.shape[0], 1)
-        if name.endswith(".ssm_conv1d.weight"):
-            channels, _, d_conv = tensor.shape
-            return tensor.reshape(channels, d_conv)
-        if name.endswith(".ssm_norm.weight"):
-            n_group = self.config.get_int("n_groups", default=8, min=1)
-            return tensor.reshape(n_group, tensor.shape[0] // n_group)
-        return tensor
+        return mamba2_transform(name, tensor, self.config.get_int("n_groups", default=8, min=1))

@@ -132,6 +132,13 @@ class Rope:
         given = p.get_float("attention_factor", default=None, min=0)
         if given is not None:
             return given
+        # PhiMoE names its own: short_mscale within the original context, long_mscale beyond.
+        short_mscale = p.get_float("short_mscale", default=None, min=0)
+        if short_mscale is not None:
+            if p.get_float("long_mscale", default=short_mscale, min=0) != short_mscale:
+                log.warning("%s: llama.cpp has one LongRoPE attention factor; short_mscale is written, so beyond "
+                            "original_max_position_embeddings the model differs from transformers", p.label)
+            return short_mscale
         original = p.get_int("original_max_position_embeddings", min=1)
         scale = p.get_float("factor", default=None, min=0) or self.config.get_int("max_position_embeddings", min=1) / original
         return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original))
@@ -181,18 +188,20 @@ def llama3_rope_factors(head_dim: int, rope_theta: float, factor: float, low_fre
                         high_freq_factor: float, original_max_position_embeddings: int) -> np.ndarray:
     """Llama 3.1's frequency scaling as the per-dimension divisors llama.cpp applies to its rope
     frequencies (rope_freqs.weight): 1 for short wavelengths, `factor` for long ones, and a smooth
-    interpolation in between (Meta's reference implementation, `apply_scaling`)."""
-    if high_freq_factor == low_freq_factor:
-        raise ConversionError("llama3 rope scaling: high_freq_factor equals low_freq_factor")
+    interpolation in between (Meta's reference implementation, `apply_scaling`). Equal low and
+    high factors (Llama 4 Scout's) leave nothing in between: `factor` from the one boundary on."""
     exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
     freqs = np.float32(1.0) / np.power(np.float32(rope_theta), exponent)
     wavelen = np.float32(2 * math.pi) / freqs
     low_freq_wavelen = original_max_position_embeddings / low_freq_factor
     high_freq_wavelen = original_max_position_embeddings / high_freq_factor
-    smooth = (np.float32(original_max_position_embeddings) / wavelen - np.float32(low_freq_factor)) / np.float32(
-        high_freq_factor - low_freq_factor
-    )
-    between = np.float32(1.0) / ((np.float32(1.0) - smooth) / np.float32(factor) + smooth)
+    if high_freq_factor == low_freq_factor:
+        between = np.full_like(wavelen, np.float32(factor))
+    else:
+        smooth = (np.float32(original_max_position_embeddings) / wavelen - np.float32(low_freq_factor)) / np.float32(
+            high_freq_factor - low_freq_factor
+        )
+        between = np.float32(1.0) / ((np.float32(1.0) - smooth) / np.float32(factor) + smooth)
     divisors = np.where(wavelen < high_freq_wavelen, np.float32(1.0), np.where(wavelen > low_freq_wavelen, np.float32(factor), between))
     return divisors.astype(np.float32)
 

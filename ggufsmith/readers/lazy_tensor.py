@@ -120,31 +120,19 @@ class LazyTensor:
         return pieces
 
     def swap_last_axes(self) -> LazyTensor:
-        """The matrices of a stack transposed: (..., n, m) -> (..., m, n) (experts stored (in, out),
-        as gpt-oss and Llama 4 keep them, into ggml's (out, in)). A row-sliceable stack stays
-        row-sliceable, one matrix read per range of its rows, so memory is bounded by one matrix."""
-        if len(self.shape) < 2:
-            raise ConversionError(f"{self.source}: expected a stack of matrices to transpose, got shape {self.shape}")
-        shape = (*self.shape[:-2], self.shape[-1], self.shape[-2])
+        """The matrices of a stack transposed: (..., m, n) -> (..., n, m), e.g. expert stacks saved
+        for x @ W (Llama 4's (E, D, F)) into the (E, F, D) rows llama.cpp multiplies by. A
+        row-sliceable stack stays row-sliceable: a slice of rows reads the whole matrices it
+        touches (one expert's at a time), never the stack."""
+        *outer, m, n = self.shape
+        shape = (*outer, n, m)
+        source = f"{self.source} (transposed)"
         load = lambda: np.ascontiguousarray(np.swapaxes(self.load(), -1, -2))  # noqa: E731
-        if not isinstance(self, RowSlicedTensor):
-            return LazyTensor(shape, self.dtype, load, self.source)
-        n, m = self.shape[-2:]
-
-        def rows(start: int, stop: int) -> np.ndarray:
-            pieces = []
-            position = start
-            while position < stop:
-                matrix, first = divmod(position, m)
-                take = min(stop - position, m - first)
-                stored = self.load_rows(matrix * n, (matrix + 1) * n)  # one matrix, (n, m)
-                pieces.append(np.ascontiguousarray(stored[:, first:first + take].T))
-                position += take
-            if not pieces:
-                return self.load_rows(0, 0).reshape(0, n)
-            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-
-        return RowSlicedTensor(shape, self.dtype, load, self.source, rows)
+        if not isinstance(self, RowSlicedTensor) or not outer:
+            return LazyTensor(shape, self.dtype, load, source)
+        matrices = _TransposedMatrices(self, m, n)
+        return RowSlicedTensor(shape, self.dtype, load, source, matrices.load,
+                               matrices.load_stored if self.stored_rows_loader else None)
 
     @staticmethod
     def from_array(array: np.ndarray, dtype: str = "F32", source: str = "") -> LazyTensor:
@@ -254,3 +242,38 @@ class _RowBlocks:
         if not pieces:
             return rows(0, 0)
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+@dataclass(frozen=True)
+class _TransposedMatrices:
+    """Rows of a stack of (m, n) matrices transposed: output rows [start, stop) of one matrix are
+    columns of its m source rows, read in blocks of about _BLOCK_ELEMENTS so that memory holds a
+    block and the band of columns asked for, never the matrix."""
+
+    source: RowSlicedTensor
+    m: int
+    n: int
+
+    def load(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.load_rows)
+
+    def load_stored(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.load_stored_rows)
+
+    def _gather(self, start: int, stop: int, rows: Callable[[int, int], np.ndarray]) -> np.ndarray:
+        step = max(1, _BLOCK_ELEMENTS // max(1, self.n))
+        pieces = []
+        position = start
+        while position < stop:
+            matrix, offset = divmod(position, self.n)
+            take = min(stop - position, self.n - offset)
+            first, end = matrix * self.m, (matrix + 1) * self.m
+            band = [rows(r, min(r + step, end))[:, offset:offset + take] for r in range(first, end, step)]
+            pieces.append(np.ascontiguousarray(np.concatenate(band).T))
+            position += take
+        if not pieces:
+            return rows(0, 0).reshape(0, self.m)
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+_BLOCK_ELEMENTS = 1 << 22  # source elements read at once by _TransposedMatrices (16 MiB as float32)

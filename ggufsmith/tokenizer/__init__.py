@@ -8,11 +8,12 @@ Two kinds are supported:
   "gemma4" Gemma 4's tokenizer.json (BPE merges over "▁"-escaped text; llama.cpp's gemma4 tokenizer),
            chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
+  "bert"   a WordPiece tokenizer.json or vocab.txt (llama.cpp's WPM tokenizer; wordpiece.py)
 What llama.cpp's own converter converts is converted. Where llama.cpp will then tokenize some text
 differently from transformers / sentencepiece (a normalization it does not apply, added tokens that
 strip spaces, ...), one warning says what differs and for which text; with strict=True that is a
-TokenizerError instead. What llama.cpp cannot represent at all (SentencePiece Unigram, WordPiece,
-suffix spaces, ...) is always a TokenizerError.
+TokenizerError instead. What llama.cpp cannot represent at all (SentencePiece Unigram, suffix
+spaces, ...) is always a TokenizerError.
 
 Public readers of the untrusted files (each raises only TokenizerError): load_tokenizer_json(path),
 load_sentencepiece_model(path).
@@ -38,16 +39,21 @@ from .sentencepiece import load_model_proto as load_sentencepiece_model
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
 from .tokenizer_json import load_tokenizer_json
+from .wordpiece import (
+    VOCAB_TXT, has_vocab_txt, is_wordpiece, load_wordpiece_vocabulary, mark_word_starts, pair_adds_separator,
+    special_token_fallbacks,
+)
 
 __all__ = ["KINDS", "detect_kind", "export_tokenizer", "identify_pre_tokenizer", "load_sentencepiece_model",
            "load_tokenizer_json"]
 
-KINDS = ("llama", "gpt2", "gemma4", "rwkv")
+KINDS = ("llama", "gpt2", "gemma4", "rwkv", "bert")
 
 
 def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
     """"llama" if tokenizer.model is a SentencePiece model, else from tokenizer.json: "llama" for a
-    SentencePiece-style BPE (byte_fallback), "gpt2" for anything else (checked when exported).
+    SentencePiece-style BPE (byte_fallback), "bert" for WordPiece, "gpt2" for anything else (checked
+    when exported); without either, "bert" for a vocab.txt.
     `tokenizer_json` is the already parsed tokenizer.json, if the caller has it."""
     model_file = model_dir / TOKENIZER_MODEL
     json_file = model_dir / TOKENIZER_JSON
@@ -56,14 +62,18 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
     if json_file.is_file():
         if tokenizer_json is None:
             tokenizer_json = load_tokenizer_json(json_file)
+        if is_wordpiece(tokenizer_json):
+            return "bert"
         return "llama" if is_sentencepiece_style(tokenizer_json) else "gpt2"
     if has_bpe_vocab_files(model_dir):
         return "gpt2"
     if has_rwkv_world_vocab(model_dir):
         return "rwkv"
+    if has_vocab_txt(model_dir):
+        return "bert"
     raise TokenizerError(
         f"{model_dir}: no tokenizer found (expected {TOKENIZER_MODEL}, {TOKENIZER_JSON}, "
-        f"{VOCAB_JSON} + {MERGES_TXT} or {RWKV_WORLD_VOCAB})"
+        f"{VOCAB_JSON} + {MERGES_TXT}, {VOCAB_TXT} or {RWKV_WORLD_VOCAB})"
     )
 
 
@@ -73,7 +83,7 @@ def export_tokenizer(
     """Every tokenizer.* key llama.cpp reads for the tokenizer in `model_dir`.
 
     `vocab_size` (config.json's) pads the vocabulary with unused [PAD<id>] tokens up to the model's
-    embedding rows; a larger tokenizer is an error. `kind` ("llama", "gpt2" or "rwkv") overrides detection.
+    embedding rows; a larger tokenizer is an error. `kind` (one of KINDS) overrides detection.
     `strict` refuses a tokenizer that llama.cpp would apply differently on some text (see above).
     """
     model_dir = Path(model_dir)
@@ -86,6 +96,7 @@ def export_tokenizer(
     differences = TokenizationDifferences(model_dir)
     post_processor = None
     fallback_ids: dict[str, int] = {}
+    add_sep = None  # tokenizer.ggml.add_sep_token; None: llama.cpp's default for the kind
     if kind == "llama":
         model_file = model_dir / TOKENIZER_MODEL
         # Without a SentencePiece-style tokenizer.json to fall back on, a damaged tokenizer.model is
@@ -117,17 +128,32 @@ def export_tokenizer(
         vocab = load_bpe_vocabulary(source, tokenizer_json, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = False, False
+        # RoBERTa's </s></s> between a pair of texts; else llama.cpp's default (none) is right
+        add_sep = True if pair_adds_separator(post_processor, source) else None
     elif kind == "gemma4":
         if not is_sentencepiece_style(tokenizer_json):
             raise TokenizerError(f"{json_file}: missing or not a BPE with byte_fallback; a 'gemma4' tokenizer needs it")
         vocab = load_gemma4_vocabulary(json_file, tokenizer_json, files, differences)
         post_processor = tokenizer_json.get("post_processor")
         default_add_bos, default_add_eos = True, False  # GemmaTokenizer's defaults
+    elif kind == "bert":
+        if tokenizer_json and not is_wordpiece(tokenizer_json):
+            raise TokenizerError(f"{json_file}: not a WordPiece model; a 'bert' tokenizer needs one")
+        if not tokenizer_json and not has_vocab_txt(model_dir):
+            raise TokenizerError(f"{model_dir}: neither a WordPiece {TOKENIZER_JSON} nor a {VOCAB_TXT}; "
+                                 "a 'bert' tokenizer needs one of them")
+        vocab = load_wordpiece_vocabulary(model_dir, tokenizer_json, files, differences)
+        post_processor = tokenizer_json.get("post_processor")
+        fallback_ids = special_token_fallbacks(vocab)
+        default_add_bos, default_add_eos = True, True  # BertTokenizer: [CLS] text [SEP]
+        add_sep = pair_adds_separator(post_processor, json_file)
     else:
         raise TokenizerError(f"{model_dir}: unknown tokenizer kind {kind!r} (expected one of {', '.join(KINDS)})")
 
     if vocab_size is not None:
         vocab.pad_to(vocab_size)
+    if kind == "bert":
+        mark_word_starts(vocab)  # after padding, as llama.cpp's converter; control tokens keep their texts
     vocab.check_unique()
     differences.report(strict)
 
@@ -141,6 +167,7 @@ def export_tokenizer(
         default_add_eos=default_add_eos,
         post_processor=post_processor,
         fallback_ids=fallback_ids,
+        add_sep=add_sep,
     )
     add_chat_template_metadata(metadata, model_dir, files.tokenizer_config)
     return metadata

@@ -177,6 +177,7 @@ PRE_TOKENIZERS: tuple[PreTokenizerEntry, ...] = (
     PreTokenizerEntry("command-r", (DIGITS_INDIVIDUAL, GPT2_REGEX), clean_spaces=False,
                       model_types=("cohere", "cohere2")),
     PreTokenizerEntry("glm4", (LLAMA3_REGEX,), ignore_merges=True, model_types=("glm4", "glm4_moe")),
+    PreTokenizerEntry("llama4", (GPT4O_REGEX,), clean_spaces=False, model_types=("llama4", "llama4_text")),
 )
 
 # Spellings that compile to the same pattern; applied to both the table and the input.

@@ -154,6 +154,7 @@ def add_special_tokens_metadata(
     default_add_eos: bool,
     post_processor: Mapping[str, Any] | None = None,
     fallback_ids: Mapping[str, int] | None = None,
+    add_sep: bool | None = None,
 ) -> None:
     ids = resolve_special_ids(files, vocab, fallback_ids)
     for role, token_id in ids.items():
@@ -179,3 +180,5 @@ def add_special_tokens_metadata(
             log.warning("%s: add_%s_token is set but there is no %s token; not adding it", vocab.source, role, role)
             value = False
         metadata.add_bool(key, value)
+    if add_sep is not None:
+        metadata.add_bool(Keys.Tokenizer.ADD_SEP, add_sep)

@@ -36,6 +36,11 @@ _STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
     "prepend": str,
     "content": str,
     "single": list,
+    "pair": list,
+    "lowercase": bool,  # BertNormalizer
+    "strip_accents": bool,
+    "handle_chinese_chars": bool,
+    "clean_text": bool,
 }
 _SEQUENCE_LISTS = {"normalizer": "normalizers", "pre_tokenizer": "pretokenizers", "decoder": "decoders",
                    "post_processor": "processors"}
@@ -49,6 +54,7 @@ _MODEL_FIELDS: dict[str, type | tuple[type, ...]] = {
     "continuing_subword_prefix": str,
     "end_of_word_suffix": str,
     "merges": list,
+    "max_input_chars_per_word": int,
 }
 
 
@@ -108,7 +114,9 @@ def _check_step(step: dict[str, Any], path: Path, part: str) -> None:
         get_typed(step, field, expected, path, prefix=f"{where}: ")
     for kind, value in (step.get("pattern") or {}).items():
         typed(value, str, path, f"{where}: pattern.{kind}")
-    for i, piece in enumerate(step.get("single") or []):
-        piece = typed(piece, dict, path, f"{where}: single[{i}]") or {}
-        special = get_typed(piece, "SpecialToken", dict, path, default={}, prefix=f"{where}: single[{i}].")
-        get_typed(special, "id", str, path, prefix=f"{where}: single[{i}].SpecialToken.")
+    for template in ("single", "pair"):
+        for i, piece in enumerate(step.get(template) or []):
+            piece = typed(piece, dict, path, f"{where}: {template}[{i}]") or {}
+            for kind in ("SpecialToken", "Sequence"):
+                part = get_typed(piece, kind, dict, path, default={}, prefix=f"{where}: {template}[{i}].")
+                get_typed(part, "id", str, path, prefix=f"{where}: {template}[{i}].{kind}.")

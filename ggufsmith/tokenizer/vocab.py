@@ -26,7 +26,7 @@ def pad_token_text(token_id: int) -> str:
 class Vocabulary:
     """Tokens by id with their types; scores for SentencePiece, merges for BPE."""
 
-    model: str  # tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4"
+    model: str  # tokenizer.ggml.model: "llama" (SentencePiece), "gpt2" (byte-level BPE), "gemma4", "bert"
     pre: str | None  # tokenizer.ggml.pre; None: not written (llama.cpp sets it for the model)
     source: Path  # the file the vocabulary came from, for error messages
     tokens: list[str] = field(default_factory=list)
@@ -35,6 +35,8 @@ class Vocabulary:
     merges: list[str] | None = None
     add_space_prefix: bool | None = None
     remove_extra_whitespaces: bool | None = None
+    normalizer_lowercase: bool | None = None  # WordPiece's BertNormalizer options (model "bert")
+    normalizer_strip_accents: bool | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -96,6 +98,10 @@ class Vocabulary:
             metadata.add_bool(Keys.Tokenizer.ADD_PREFIX, self.add_space_prefix)
         if self.remove_extra_whitespaces is not None:
             metadata.add_bool(Keys.Tokenizer.REMOVE_EXTRA_WS, self.remove_extra_whitespaces)
+        if self.normalizer_lowercase is not None:
+            metadata.add_bool(Keys.Tokenizer.NORMALIZER_LOWERCASE, self.normalizer_lowercase)
+        if self.normalizer_strip_accents is not None:
+            metadata.add_bool(Keys.Tokenizer.NORMALIZER_STRIP_ACCENTS, self.normalizer_strip_accents)
 
 
 # Texts of added tokens that act as control tokens even when the tokenizer does not flag them as

@@ -1,0 +1,108 @@
+"""Shared pieces of the state-space and hybrid families (Mamba-2, Granite 4, ...): which layers are
+recurrent, the Mamba-2 mixer's tensor table, keys and layout changes.
+
+Mamba-2's mixer as llama.cpp's build_mamba2_layer reads it: one in_proj whose rows are z, then x B C
+(the conv input), then dt per head; A, D and the dt bias one per head, A and D as {1, n_head}
+(numpy (n_head, 1)); a gated RMSNorm over groups of d_inner / n_groups channels, read as one
+{d_inner / n_groups, n_groups} weight (numpy (n_groups, d_inner / n_groups)). ssm_conv and ssm_scan
+read the conv kernel, A and D as plain float arrays, so those stay F32 whatever the output type.
+llama.cpp calls the number of heads `ssm.time_step_rank` (dt_rank in shapes).
+"""
+
+from __future__ import annotations
+
+import math
+import numpy as np
+
+from ggufsmith.arch.base import ArchKeys
+from ggufsmith.arch.tensors import Split, T
+from ggufsmith.constants import Keys
+from ggufsmith.errors import ConversionError
+from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.lazy_tensor import LazyTensor
+
+# Layer type names in config.json layer_types: transformers 5 writes the new names, older configs
+# (and llama.cpp's converter, which knows only these) the legacy ones.
+RECURRENT_TYPES = ("linear_attention", "mamba")
+ATTENTION_TYPES = ("full_attention", "attention")
+
+CONV_CHANNELS = "d_inner + 2 * n_group * d_state"
+MAMBA2_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)  # ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
+
+
+def recurrent_layers(c: HFConfig, n_layer: int, default: list[str] | None = None) -> list[bool]:
+    """Per layer, whether config.json's layer_types makes it recurrent (else attention)."""
+    types = c.get_list("layer_types", default=default)
+    known = RECURRENT_TYPES + ATTENTION_TYPES
+    if len(types) != n_layer or not all(t in known for t in types):
+        raise c.error("layer_types", types, f"{n_layer} of {', '.join(repr(t) for t in known)}")
+    return [t in RECURRENT_TYPES for t in types]
+
+
+def only_where(table: dict[str, T | Split], condition: str) -> dict[str, T | Split]:
+    """The same tensors, part of the model only in the blocks where `condition` holds."""
+    def limit(spec: T) -> T:
+        when = condition if spec.when is None else f"({spec.when}) and ({condition})"
+        return T(spec.name, *spec.shape, optional=spec.optional, when=when, blocks=spec.blocks)
+    return {hf: Split(*map(limit, s.parts), axis=s.axis) if isinstance(s, Split) else limit(s) for hf, s in table.items()}
+
+
+def negative_exp(tensor: LazyTensor) -> LazyTensor:
+    """A = -exp(A_log), in float64 rounded once: correctly rounded whatever libm's float32 exp does."""
+    return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
+
+
+def mamba2_mixer(prefix: str, *, conv_bias: str = "required") -> dict[str, T]:
+    """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias: "required" or
+    "optional" (llama.cpp's hybrids load the model without it)."""
+    return {
+        prefix + "in_proj.weight": T("ssm_in.weight", "2 * d_inner + 2 * n_group * d_state + dt_rank", "n_embd"),
+        prefix + "conv1d.weight": T("ssm_conv1d.weight", CONV_CHANNELS, "d_conv"),
+        prefix + "conv1d.bias": T("ssm_conv1d.bias", CONV_CHANNELS, optional=conv_bias == "optional"),
+        prefix + "dt_bias": T("ssm_dt.bias", "dt_rank"),
+        prefix + "A_log": T("ssm_a", "dt_rank", 1),  # llama.cpp names these two without ".weight"
+        prefix + "D": T("ssm_d", "dt_rank", 1),
+        prefix + "norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group"),
+        prefix + "out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
+    }
+
+
+def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict[str, int] | None = None) -> None:
+    """ssm.* keys from the config's Mamba-2 settings (`prefix` "mamba_" for hybrids that name them
+    mamba_n_heads, mamba_d_state, ...), with the variants llama.cpp cannot run refused."""
+    d = {"expand": 2, "n_groups": 8, "d_conv": 4, "d_state": 128, **(defaults or {})}
+    n_embd = c.get_int("hidden_size", min=1)
+    d_inner = c.get_int(f"{prefix}expand", "expand", default=d["expand"], min=1) * n_embd
+    n_head = c.get_int(f"{prefix}n_heads", "num_heads", min=1)
+    n_group = c.get_int(f"{prefix}n_groups", "n_groups", default=d["n_groups"], min=1)
+    head_dim_key = "mamba_d_head" if prefix else "head_dim"
+    head_dim = c.get(head_dim_key, default="auto")
+    if head_dim != "auto" and c.get_int(head_dim_key, min=1) * n_head != d_inner:
+        raise ConversionError(f"{c.label}: {n_head} Mamba heads x head dim {head_dim} is not the inner size "
+                              f"{d_inner} (expand x hidden_size); the in_proj cannot be split into heads")
+    if d_inner % n_head or d_inner % n_group:
+        raise ConversionError(f"{c.label}: the inner size {d_inner} is not a multiple of the {n_head} heads and "
+                              f"{n_group} groups")
+    if c.get_bool(f"{prefix}proj_bias", "use_bias", default=False):
+        raise ConversionError(f"{c.label}: the Mamba in/out projections have biases; llama.cpp's Mamba-2 has none")
+    low, high = c.get_bounds("time_step_limit", default=(0.0, math.inf))
+    if low > 0.0 or high != math.inf:  # softplus makes dt positive: a low bound of 0 clamps nothing
+        raise ConversionError(f"{c.label}: time_step_limit [{low}, {high}] clamps dt; llama.cpp's Mamba-2 does not")
+    keys.u32(Keys.SSM.CONV_KERNEL, c.get_int(f"{prefix}d_conv", "conv_kernel", default=d["d_conv"], min=1))
+    keys.u32(Keys.SSM.INNER_SIZE, d_inner)
+    keys.u32(Keys.SSM.STATE_SIZE, c.get_int(f"{prefix}d_state", "state_size", default=d["d_state"], min=1))
+    keys.u32(Keys.SSM.TIME_STEP_RANK, n_head)
+    keys.u32(Keys.SSM.GROUP_COUNT, n_group)
+
+
+def mamba2_transform(name: str, tensor: LazyTensor, n_group: int) -> LazyTensor:
+    """The layout changes of the mixer's tensors (others are returned as they are)."""
+    if name.endswith(".ssm_a"):
+        return negative_exp(tensor).reshape(tensor.shape[0], 1)
+    if name.endswith(".ssm_d"):
+        return tensor.reshape(tensor.shape[0], 1)
+    if name.endswith(".ssm_conv1d.weight"):
+        return tensor.reshape(tensor.shape[0], tensor.shape[-1])  # drop the depthwise conv's channel axis
+    if name.endswith(".ssm_norm.weight"):
+        return tensor.reshape(n_group, tensor.shape[0] // n_group)
+    return tensor

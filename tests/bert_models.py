@@ -1,0 +1,118 @@
+"""Tiny BERT encoders in sentence-transformers folders, with WordPiece tokenizers trained here.
+
+The tokenizer is trained with HF tokenizers' WordPieceTrainer on the multilingual training text of
+tests/tokenizer_helpers.py and saved by transformers' BertTokenizer (tokenizer.json +
+tokenizer_config.json), or written as a bare vocab.txt. The model is a random-weight BertModel or
+BertForMaskedLM with every parameter redrawn at a scale that makes the layers matter (N(0, 0.15)
+matrices, LayerNorm weights around 1 and biases around 0 with spread 0.2, token-type and position
+embeddings as large as the token embeddings), so a missing token-type row, a shifted position or
+a wrong norm moves the output by far more than the tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.tokenizer_helpers import training_text
+
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "last": "pooling_mode_lasttoken"}
+
+
+def train_wordpiece(model_dir: Path, *, lowercase: bool, vocab_size: int = 700):
+    """A WordPiece tokenizer saved the way transformers 5 saves BertTokenizer; returns it."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIAL)
+    tokenizer.train_from_iterator(training_text(), trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tokenizer.decoder = decoders.WordPiece()
+    fast = transformers.BertTokenizerFast(tokenizer_object=tokenizer, do_lower_case=lowercase)
+    fast.save_pretrained(model_dir)
+    return fast
+
+
+def write_vocab_txt_only(source_dir: Path, model_dir: Path, *, lowercase: bool) -> None:
+    """The vocabulary of `source_dir`'s tokenizer.json as the slow files: vocab.txt and a
+    tokenizer_config.json, no tokenizer.json (older BERT checkpoints)."""
+    vocab = json.loads((source_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    model_dir.mkdir(parents=True, exist_ok=True)
+    pieces = sorted(vocab, key=vocab.get)
+    (model_dir / "vocab.txt").write_text("".join(f"{piece}\n" for piece in pieces), encoding="utf-8")
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
+                                                                 "do_lower_case": lowercase}))
+
+
+def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_size: int) -> None:
+    """modules.json (Transformer at the root, Pooling, Normalize) and 1_Pooling/config.json."""
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (model_dir / "modules.json").write_text(json.dumps(modules, indent=1))
+    (model_dir / "1_Pooling").mkdir(exist_ok=True)
+    (model_dir / "2_Normalize").mkdir(exist_ok=True)
+    config = {"word_embedding_dimension": hidden_size, **{flag: False for flag in POOLING_FLAGS.values()}}
+    config[POOLING_FLAGS[pooling]] = True
+    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
+
+
+def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, seed: int = 0,
+               hidden_size: int = 64) -> Path:
+    """A random-weight BertModel (BertForMaskedLM; RobertaModel, whose positions start at
+    pad_token_id + 1 and which has one token type) for the tokenizer already in `model_dir`."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    config = (transformers.RobertaConfig if roberta else transformers.BertConfig)(
+        vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
+        hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
+        max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
+        pad_token_id=1 if roberta else 0,
+    )
+    torch.manual_seed(seed)
+    model_class = transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif param.dim() == 1:
+                param.copy_(0.2 * torch.randn_like(param))
+            elif "embeddings" in name:
+                param.copy_(torch.randn_like(param))
+            else:
+                param.copy_(0.15 * torch.randn_like(param))
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+
+
+def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
+    """A byte-level BPE with RoBERTa's special tokens and `<s> A </s>` post-processor, saved by
+    transformers' RobertaTokenizer; returns it."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=ROBERTA_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(training_text(), trainer)
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", tokenizer.token_to_id("</s>")),
+                                                            ("<s>", tokenizer.token_to_id("<s>")))
+    fast = transformers.RobertaTokenizerFast(tokenizer_object=tokenizer)
+    fast.save_pretrained(model_dir)
+    return fast

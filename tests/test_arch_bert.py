@@ -1,0 +1,186 @@
+"""BERT and RoBERTa encoders, converted by ggufsmith, give in llama.cpp (llama-cpp-python, embedding=True, the
+pooling from the file) the embeddings transformers' model gives, pooled as sentence-transformers
+pools them; the files equal llama.cpp's convert_hf_to_gguf.py's.
+
+Models (tests/bert_models.py): 3 layers, hidden 64, every weight redrawn large (norms, biases,
+token-type and position embeddings included), in sentence-transformers folders:
+  - "mean": BertModel, uncased WordPiece tokenizer, mean pooling;
+  - "cls": BertForMaskedLM (names under "bert.", a prediction head to leave out), cased tokenizer,
+    CLS-token pooling;
+  - "roberta": RobertaModel (positions numbered from pad_token_id + 1, one token type), byte-level
+    BPE tokenizer with RoBERTa's `<s> A </s>`, mean pooling.
+Tolerances (max |llama.cpp - transformers| / std of the reference vector, and cosine similarity):
+  - f32: 2e-3 and 0.99999; measured 4e-4..1.1e-3 (1 - cosine <= 1e-7). ggml evaluates GELU through
+    a float16 table (inputs and outputs rounded to 11 bits), which bounds the agreement near 1e-3:
+    against transformers with the tanh form of GELU the error is the same, so the erf/tanh
+    difference is not what limits it. The tensors are bit-identical to llama.cpp's converter's.
+  - f16: 6e-3 and 0.99999; measured 1.2e-3..3e-3 (1 - cosine <= 5e-7): weights rounded to 11 bits.
+  - q8_0: 0.15 and 0.999; measured 3e-2..7.5e-2 (1 - cosine <= 4e-4): 8-bit weights through three
+    post-norm layers whose weights are redrawn large; a single CLS vector moves more than a mean.
+Leaving the token-type row out, shifting the position embeddings by one row or writing the other
+pooling mode makes these tests fail (checked by hand).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ggufsmith
+from ggufsmith.constants import PoolingType
+from tests.bert_models import build_bert, train_roberta_bpe, train_wordpiece, write_sentence_transformers_modules
+from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
+
+llama_cpp = pytest.importorskip("llama_cpp")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.slow
+
+MODELS = {
+    "mean": dict(lowercase=True, masked_lm=False, pooling="mean"),
+    "cls": dict(lowercase=False, masked_lm=True, pooling="cls"),
+    "roberta": dict(roberta=True, pooling="mean"),
+}
+# The tokenizer.ggml.pre the reference is told (it names tokenizers by hashing their ids for a test
+# text, and knows only published ones): ours. llama.cpp reads none for WPM; "gpt-2" is RoBERTa's regex.
+REFERENCE_PRE = {"mean": "default", "cls": "default", "roberta": "gpt-2"}
+OUTTYPES = ("f32", "f16", "q8_0")
+# Per-token f32 states: the max over every component of every token (measured 1.2e-3..2.1e-3).
+TOKEN_TOLERANCE = 3e-3
+TOLERANCE = {"f32": (2e-3, 0.99999), "f16": (6e-3, 0.99999), "q8_0": (0.15, 0.999)}  # (max err / std, cosine)
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
+    "我们今天去公园散步，天气很好。",
+    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
+    "Привет, как дела? Москва — столица России.",
+]
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bert")
+    dirs = {}
+    for kind, spec in MODELS.items():
+        model_dir = root / kind
+        if spec.get("roberta"):
+            train_roberta_bpe(model_dir)
+        else:
+            train_wordpiece(model_dir, lowercase=spec["lowercase"])
+        build_bert(model_dir, masked_lm=spec.get("masked_lm", False), roberta=spec.get("roberta", False))
+        write_sentence_transformers_modules(model_dir, spec["pooling"], hidden_size=64)
+        dirs[kind] = model_dir
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
+    """kind -> per sentence: transformers' token ids and the encoder's last hidden state."""
+    out = {}
+    for kind, model_dir in model_dirs.items():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        model = transformers.AutoModel.from_pretrained(model_dir).eval()  # the encoder of BertForMaskedLM too
+        rows = []
+        for text in SENTENCES:
+            ids = tokenizer(text)["input_ids"]
+            with torch.no_grad():
+                rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
+        out[kind] = rows
+    return out
+
+
+def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
+    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+    return vector / np.linalg.norm(vector)
+
+
+@pytest.fixture(scope="session")
+def converted(model_dirs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bert_gguf")
+    cache = {}
+
+    def get(kind: str, outtype: str) -> Path:
+        if (kind, outtype) not in cache:
+            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
+            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
+        return cache[kind, outtype]
+
+    return get
+
+
+def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
+    """One pooled, L2-normalized vector per text with the file's pooling; with
+    pooling_type=NONE, every token's state as it is."""
+    llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
+                          verbose=False, **options)
+    try:
+        return [np.asarray(llm.embed(text, normalize=options.get("pooling_type") is None), dtype=np.float64)
+                for text in texts]
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("outtype", OUTTYPES)
+@pytest.mark.parametrize("kind", MODELS)
+def test_pooled_embeddings_match_transformers(converted, reference, kind, outtype):
+    """The pooling comes from the file (mean, or the CLS token for the "cls" model)."""
+    max_error, min_cosine = TOLERANCE[outtype]
+    for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(converted(kind, outtype), SENTENCES), reference[kind]):
+        expected = pooled(hidden, MODELS[kind]["pooling"])
+        error = np.abs(got - expected).max() / expected.std()
+        cosine = float(got @ expected / np.linalg.norm(got))
+        print(f"{kind} {outtype}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}  ({text[:20]!r})")
+        assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_token_embeddings_match_transformers(converted, reference, kind):
+    """Every token's last hidden state (pooling turned off), in f32: the positions and token types
+    of each token, not only their average."""
+    per_text = llama_embeddings(converted(kind, "f32"), SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    for text, got, (ids, hidden) in zip(SENTENCES, per_text, reference[kind]):
+        assert got.shape == hidden.shape, text
+        error = np.abs(got - hidden).max() / hidden.std()
+        print(f"{kind} per token f32: max error / std {error:.1e}")
+        assert error <= TOKEN_TOLERANCE, (text, error)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_llama_cpp_tokenizes_as_transformers(converted, reference, kind):
+    llm = llama_cpp.Llama(model_path=str(converted(kind, "f32")), vocab_only=True, verbose=False)
+    try:
+        for text, (ids, _) in zip(SENTENCES, reference[kind]):
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_pooling_type_from_the_sentence_transformers_folder(converted, kind):
+    keys, tensors = gguf_contents(converted(kind, "f32"))
+    expected = PoolingType.CLS if MODELS[kind]["pooling"] == "cls" else PoolingType.MEAN
+    assert keys["bert.pooling_type"] == int(expected)
+    assert keys["bert.attention.causal"] is False
+    assert not any(name.startswith(("cls", "pooler")) for name in tensors)
+
+
+# -- against llama.cpp's own converter ------------------------------------------------------------
+
+# Keys only ours have, and why (every other key, value and tensor byte is the same).
+BERT_KEY_DIFFERENCES = {
+    "tokenizer.ggml.cls_token_id": "the spec's key, written when the tokenizer names a CLS token; "
+                                   "llama.cpp reads bos_token_id (the same [CLS]) instead",
+    "tokenizer.ggml.fim_pad_token_id": "written explicitly; llama.cpp finds the same id by the text [PAD] at load time",
+}
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory, kind):
+    references = reference_conversions(model_dirs[kind], tmp_path_factory.mktemp(f"bert_ref_{kind}"), OUTTYPES,
+                                       pre=REFERENCE_PRE[kind])
+    for outtype in OUTTYPES:
+        assert_same_file(converted(kind, outtype), references[outtype], BERT_KEY_DIFFERENCES)
