@@ -384,6 +384,8 @@ class Keys:
         VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
         SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
         RECURRENT_LAYERS = "{arch}.attention.recurrent_layers"
+        ROPE_PATTERN = "{arch}.attention.rope_pattern"
+        INDEXER_TYPES = "{arch}.attention.indexer.types"
         # Spec names for mpt and falcon that llama.cpp does not read (it reads the two above).
         ALIBI_BIAS_MAX = "{arch}.attention.alibi_bias_max"
         CLIP_KQV = "{arch}.attention.clip_kqv"
@@ -497,3 +499,15 @@ class Keys:
 def arch_key(template: str, arch: str) -> str:
     """Fill the architecture into a key template such as Keys.LLM.CONTEXT_LENGTH."""
     return template.format(arch=arch)
+
+
+# Keys llama.cpp reads as one value per block when they are arrays (get_key_or_arr and get_arr with
+# block_count entries, src/llama-model.cpp and src/models/*.cpp of llama.cpp 0.3.36): an array whose
+# length is not block_count makes the model fail to load, so --prune-layers drops pruned blocks' entries.
+PER_LAYER_KEYS = (
+    Keys.LLM.FEED_FORWARD_LENGTH, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, Keys.LLM.EXPERT_USED_COUNT,
+    Keys.LLM.SWIGLU_CLAMP_EXP, Keys.LLM.SWIGLU_CLAMP_SHEXP,
+    Keys.Attention.HEAD_COUNT, Keys.Attention.HEAD_COUNT_KV, Keys.Attention.SLIDING_WINDOW_PATTERN,
+    Keys.Attention.RECURRENT_LAYERS, Keys.Attention.ROPE_PATTERN, Keys.Attention.INDEXER_TYPES,
+    Keys.XIELU.ALPHA_N, Keys.XIELU.ALPHA_P, Keys.XIELU.BETA, Keys.XIELU.EPS,
+)

@@ -10,11 +10,15 @@ PRESET)`, what `ggufsmith convert --outtype PRESET` runs), then loaded in llama.
 the file size, bits per weight (tensor data bits / weights, as llama.cpp's model size / n_params)
 and the mean over positions of KL(P_f32 || P_preset) of the next-token distributions, against the
 F32 file's. With an importance matrix (default), a second KL column (not for Q8_0 and floats) uses one computed by
-`ggufsmith imatrix` on calibration text of the same kind but another seed (Q2_K_S needs one).
+`ggufsmith imatrix` on calibration text of the same kind but another seed (Q2_K_S, IQ3_XXS, IQ3_XS
+and the IQ2/IQ1 presets need one: their first KL column says so). The size and bits per weight are
+those of the last file made (with the imatrix, if any: the types are the same but for IQ3_XXS's attn_v
+and the imatrix-dependent ffn_down rules of Q4_0, Q5_0, IQ4_NL and IQ4_XS).
 The evaluation text, the calibration text and the windows are fixed, so runs are comparable.
 
-The example model's rows (128 and 352 values) are not multiples of 256, so every K-quant falls back
-to a legacy type there (as llama.cpp's quantizer does). `--wide` benchmarks instead the example model
+The example model's rows (128 and 352 values) are not multiples of 256, so every K-quant and 256-block
+IQ type falls back to a legacy type or IQ4_NL there (as llama.cpp's quantizer does), and Q1_0 (blocks of
+128, no fallback) is refused. `--wide` benchmarks instead the example model
 rebuilt by scripts/make_example_model.py at hidden 256 / feed-forward 768 (same tokenizer, seed and
 recipe), where the K-quants are used.
 """
@@ -34,12 +38,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-PRESETS = ["Q2_K", "Q2_K_S", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1",
-           "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
+PRESETS = ["IQ1_S", "IQ1_M", "TQ1_0", "Q1_0", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "TQ2_0", "Q2_0", "Q2_K", "Q2_K_S",
+           "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M", "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_0", "Q4_1",
+           "Q4_K_S", "Q4_K_M", "Q5_0", "Q5_1", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0", "F16", "BF16", "F32"]
 # No importance matrix for these: floats, and Q8_0, which llama.cpp's quantizer makes without one
-# (ggufsmith's q8_0 outtype is that same file).
+# (ggufsmith's q8_0 outtype is that same file). The presets that need one (Q2_K_S, IQ3_XXS, IQ3_XS,
+# the IQ2/IQ1 presets) are found by trying: ggufsmith refuses them before writing anything.
 NO_IMATRIX = {"F16", "BF16", "F32", "Q8_0"}
-NEEDS_IMATRIX = {"Q2_K_S"}
 WINDOW = 256  # tokens per evaluation window, each from an empty context
 
 
@@ -76,10 +81,10 @@ def build_wide_example(example: Path, out: Path) -> Path:
 
 
 def bits_per_weight(path: Path) -> float:
-    import gguf
+    from ggufsmith.gguf_writer.reader import GGUFReader  # gguf-py does not know every type (Q2_0)
 
-    tensors = gguf.GGUFReader(path).tensors
-    return 8 * sum(int(t.n_bytes) for t in tensors) / sum(int(t.n_elements) for t in tensors)
+    tensors = GGUFReader(path).tensors
+    return 8 * sum(t.nbytes for t in tensors) / sum(t.n_elements for t in tensors)
 
 
 def next_token_logprobs(path: Path, windows: list[list[int]]) -> np.ndarray:
@@ -119,6 +124,7 @@ def main() -> int:
     import llama_cpp
 
     import ggufsmith
+    from ggufsmith.errors import QuantizationError
 
     args.dir.mkdir(parents=True, exist_ok=True)
     timings = {}
@@ -150,17 +156,22 @@ def main() -> int:
     rows = []
     for preset in args.presets:
         row = {"preset": preset}
-        variants = [("", None)] if preset not in NEEDS_IMATRIX else []
+        variants = [("", None)]
         if imatrix_path is not None and preset not in NO_IMATRIX:
             variants.append(("imatrix", imatrix_path))
         for suffix, imatrix in variants:
             out = args.dir / f"{preset}{'-' + suffix if suffix else ''}.gguf"
             start = time.perf_counter()
             if preset != "F32" or suffix:
-                ggufsmith.convert(args.model, out, outtype=preset.lower(), imatrix=imatrix)
+                try:
+                    ggufsmith.convert(args.model, out, outtype=preset.lower(), imatrix=imatrix)
+                except QuantizationError as e:  # as llama-quantize: needs an imatrix, or rows its blocks do not fit
+                    row[f"refused{suffix}"] = "needs imatrix" if "importance matrix" in str(e) else "refused"
+                    print(f"{preset}{' with imatrix' if suffix else ''}: {e}", file=sys.stderr)
+                    continue
             row[f"convert_s{suffix}"] = time.perf_counter() - start
             row[f"kl{suffix}"] = mean_kl(reference, next_token_logprobs(out, windows))
-            row["size"] = out.stat().st_size
+            row["size"] = out.stat().st_size  # with an imatrix where the preset needs one: same types
             row["bpw"] = bits_per_weight(out)
         rows.append(row)
         print(f"{preset}: done", file=sys.stderr)
@@ -171,8 +182,11 @@ def main() -> int:
     print(header)
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        kl = f"{r['kl']:.4g}" if "kl" in r else "needs imatrix"
-        kl_i = f"{r['klimatrix']:.4g}" if "klimatrix" in r else "-"
+        if "size" not in r:
+            print(f"| {r['preset']} | {r.get('refused', '-')} | | | | |")
+            continue
+        kl = f"{r['kl']:.4g}" if "kl" in r else r.get("refused", "-")
+        kl_i = f"{r['klimatrix']:.4g}" if "klimatrix" in r else r.get("refusedimatrix", "-")
         seconds = r.get("convert_s", r.get("convert_simatrix", 0.0))
         print(f"| {r['preset']} | {r['size']:,} | {r['bpw']:.3f} | {kl} | {kl_i} | {seconds:.2f} |")
     return 0

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 gguf_rate, _ = _rate(gguf_py, data, args.repeats)
 
         def fmt_rate(rate):
-            return f"{rate:.0f}" if rate is not None else "-"
+            return f"{rate:.3g}" if rate is not None else "-"  # 3 digits: the grid types make < 1 MB/s
 
         def fmt_ratio(rate):
             return f"{ours_rate / rate:.2f}x" if rate else "-"

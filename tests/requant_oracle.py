@@ -71,6 +71,56 @@ def llama_quantize(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
     return llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), p)
 
 
+def random_imatrix(f32: Path, path: Path, seed: int = 0):
+    """An importance matrix for the model in `f32`, written to `path` in llama.cpp's GGUF format:
+    random sums and counts for every 2-D/3-D weight, one row per expert, one expert never used.
+    Returns (path, the values llama-quantize hands llama_model_quantize, the kv overrides it adds)."""
+    from ggufsmith.quantize.imatrix import write_imatrix
+
+    entries = _random_imatrix_entries(f32, seed)
+    write_imatrix(path, entries, ["calibration.txt"], chunk_count=7, chunk_size=512)
+    overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", "calibration.txt"),
+                 ("quantize.imatrix.entries_count", "int", len(entries)), ("quantize.imatrix.chunks_count", "int", 7)]
+    return path, _llama_cpp_view(entries), overrides
+
+
+def _random_imatrix_entries(f32: Path, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    entries = {}
+    for t in gguf.GGUFReader(f32).tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # numpy order
+        if len(shape) < 2 or t.name == "token_embd.weight":
+            continue
+        nmat = shape[0] if len(shape) == 3 else 1
+        counts = rng.integers(50, 500, size=nmat).astype(np.float32)
+        if nmat > 1:
+            counts[1] = 0
+        sums = (rng.uniform(0.01, 3.0, size=(nmat, shape[-1])) * counts[:, None]).astype(np.float32)
+        entries[t.name] = (sums.reshape(-1), counts)
+    return entries
+
+
+def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
+    """What llama-quantize hands llama_model_quantize: sums / count per matrix, 1 where count is 0."""
+    out = {}
+    for name, (sums, counts) in entries.items():
+        rows = sums.reshape(len(counts), -1)
+        values = np.ones_like(rows)
+        for j, c in enumerate(counts):
+            if c > 0:
+                values[j] = rows[j] / np.float32(c)
+        out[name] = values.reshape(-1)
+    return out
+
+
+def prune_param(layers: list[int]):
+    """llama_model_quantize's prune_layers: the block numbers, terminated by -1 (keep it alive while used)."""
+    ids = (ctypes.c_int32 * (len(layers) + 1))(*layers, -1)
+    return ctypes.cast(ids, ctypes.POINTER(ctypes.c_int32)), ids
+
+
 def differences(a: Path, b: Path) -> list[str]:
     """Where two GGUF files differ, read by gguf-py (an independent reader): keys, then tensors."""
     import gguf

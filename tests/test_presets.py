@@ -29,6 +29,13 @@ MODELS = {
     "fallback-to-f16-tied": dict(ff=336, tied=True),  # rows of 336: not even 32 fits
     "moe8": dict(n_expert=8, n_layer=4, ff=256),
     "mha-16-layers": dict(n_kv=8, n_layer=16, hidden=512),
+    # One attn_qkv per block (phi3, bloom, gptneox...): llama.cpp gives it the attn_v rules (its
+    # separate ATTENTION_QKV branch comes after the attn_v one and is never reached).
+    "fused-qkv": dict(fused_qkv=True),
+    "falcon-fused-qkv": dict(fused_qkv=True, arch="falcon", n_kv=1),  # falcon-7b: one kv head, its own rules
+    # Two ffn_down per block (routed and shared experts): the IQ2/IQ1 presets' "first n_layer/8
+    # ffn_down" counts tensors against the block count
+    "moe4-shared-8-layers": dict(n_expert=4, n_layer=8, ff=256, shared_expert=True),
 }
 
 
@@ -39,7 +46,7 @@ def model_files(tmp_path_factory):
 
 
 def _facts(cfg) -> ModelFacts:
-    return ModelFacts("llama", cfg.get("n_layer", 8), cfg.get("n_head", 8), cfg.get("n_kv", 2), cfg.get("n_expert", 0))
+    return ModelFacts(cfg.get("arch", "llama"), cfg.get("n_layer", 8), cfg.get("n_head", 8), cfg.get("n_kv", 2), cfg.get("n_expert", 0))
 
 
 def _llama_cpp_types(src, dst, preset, imatrix=None, **params) -> dict[str, GGMLType]:
@@ -83,7 +90,7 @@ def test_types_match_llama_quantize(model_files, tmp_path, preset_name, model):
 
 
 @pytest.mark.parametrize("preset_name", ["Q4_0", "Q5_0", "Q3_K_M", "Q4_K_M", "IQ4_NL", "IQ4_XS"] + NEED_IMATRIX)
-@pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy", "mha-16-layers"])
+@pytest.mark.parametrize("model", ["gqa", "moe8", "fallback-to-legacy", "mha-16-layers", "moe4-shared-8-layers"])
 def test_types_with_imatrix_match_llama_quantize(model_files, tmp_path, preset_name, model):
     src, cfg, shapes = model_files[model]
     preset = get_preset(preset_name)

@@ -26,7 +26,13 @@ from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
 from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
 from ggufsmith.converters.plan import OUTTYPES
-from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, assert_same_file, assert_same_tensors, llama_quantize
+from tests.requant_oracle import (
+    PRESETS_NEEDING_IMATRIX,
+    assert_same_file,
+    assert_same_tensors,
+    llama_quantize,
+    random_imatrix,
+)
 from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -47,15 +53,20 @@ OTHER_VARIANTS = {
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
 FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
-# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py)
+# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py);
+# test_q1_0_is_llama_quantize uses rows of 384
 ALL_PRESETS = [p for p in PRESETS if p != "Q1_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF folder, our F32 GGUF of it)."""
+    return _build_models(MODELS, tmp_path_factory)
+
+
+def _build_models(specs, tmp_path_factory):
     out = {}
-    for name, (variant, config) in MODELS.items():
+    for name, (variant, config) in specs.items():
         model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
@@ -78,36 +89,6 @@ def _build(model_dir: Path, variant: str, config: dict) -> None:
     model.save_pretrained(model_dir)
 
 
-def _imatrix_entries(f32: Path, seed: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Random sums and counts for every 2-D/3-D weight, one row per expert; one expert never used."""
-    rng = np.random.default_rng(seed)
-    entries = {}
-    for t in gguf.GGUFReader(f32).tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # numpy order
-        if len(shape) < 2 or t.name == "token_embd.weight":
-            continue
-        nmat = shape[0] if len(shape) == 3 else 1
-        counts = rng.integers(50, 500, size=nmat).astype(np.float32)
-        if nmat > 1:
-            counts[1] = 0
-        sums = (rng.uniform(0.01, 3.0, size=(nmat, shape[-1])) * counts[:, None]).astype(np.float32)
-        entries[t.name] = (sums.reshape(-1), counts)
-    return entries
-
-
-def _llama_cpp_view(entries) -> dict[str, np.ndarray]:
-    """What llama-quantize hands llama_model_quantize: sums / count per matrix, 1 where count is 0."""
-    out = {}
-    for name, (sums, counts) in entries.items():
-        rows = sums.reshape(len(counts), -1)
-        values = np.ones_like(rows)
-        for j, c in enumerate(counts):
-            if c > 0:
-                values[j] = rows[j] / np.float32(c)
-        out[name] = values.reshape(-1)
-    return out
-
-
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
     return _imatrix_files(models, tmp_path_factory)
@@ -117,12 +98,7 @@ def _imatrix_files(models, tmp_path_factory):
     """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
     out = {}
     for name, (_, f32) in models.items():
-        entries = _imatrix_entries(f32)
-        path = tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf"
-        write_imatrix(path, entries, ["calibration.txt"], chunk_count=7, chunk_size=512)
-        overrides = [("quantize.imatrix.file", "str", str(path)), ("quantize.imatrix.dataset", "str", "calibration.txt"),
-                     ("quantize.imatrix.entries_count", "int", len(entries)), ("quantize.imatrix.chunks_count", "int", 7)]
-        out[name] = (path, _llama_cpp_view(entries), overrides)
+        out[name] = random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
     return out
 
 
@@ -220,6 +196,31 @@ QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESET
                          ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
 def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
     _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
+
+
+# Q1_0 (blocks of 128, no fallback type) on the llama and the mixtral with feed-forward rows of 384.
+Q1_0_MODELS = {name: (variant, dict(config, intermediate_size=384)) for name, (variant, config) in MODELS.items()
+               if name in ("llama", "mixtral")}
+
+
+@pytest.fixture(scope="module")
+def q1_0_models(tmp_path_factory):
+    return _build_models(Q1_0_MODELS, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def q1_0_imatrices(q1_0_models, tmp_path_factory):
+    return {name: random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
+            for name, (_, f32) in q1_0_models.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("model", list(Q1_0_MODELS))
+def test_q1_0_is_llama_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, with_imatrix):
+    """quantize and convert --outtype q1_0 both, and the file runs."""
+    _check_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix)
+    _convert_preset_check(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix, run=True)
 
 
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if is_preset_outtype(args.outtype):
         request = build_request(args.outtype, args)
     elif _preset_options_used(args):
-        raise ConversionError(f"--imatrix, --pure, --tensor-type ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
+        raise ConversionError(f"--imatrix, --pure, --tensor-type, --prune-layers ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
                    progress=show_progress(args), model_name=args.model_name, quantize_request=request,
                    strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
@@ -80,4 +80,5 @@ def run(args: argparse.Namespace) -> int:
 
 def _preset_options_used(args: argparse.Namespace) -> bool:
     return bool(args.imatrix or args.include_weights or args.exclude_weights or args.pure or args.output_tensor_type
-                or args.token_embedding_type or args.leave_output_tensor or args.tensor_type or args.override_kv)
+                or args.token_embedding_type or args.leave_output_tensor or args.tensor_type or args.override_kv
+                or args.prune_layers)

@@ -25,6 +25,16 @@ def tensor_type_arg(text: str) -> tuple[str, GGMLType]:
     return pattern.lower(), ggml_type_arg(type_name)
 
 
+def prune_layers_arg(text: str) -> list[int]:
+    """--prune-layers 20,21,22: block numbers, sorted and each once, as llama-quantize parses them."""
+    from ggufsmith.converters.prune_layers import parse_prune_layers
+
+    try:
+        return parse_prune_layers(text)
+    except QuantizationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def threads_arg(text: str) -> int:
     """--threads N: a number of workers, 0 for every core this process may use."""
     try:
@@ -57,6 +67,8 @@ def add_quantize_options(parser: argparse.ArgumentParser) -> None:
                         help="type of the tensors whose name matches the regular expression PATTERN (repeatable; first match wins)")
     parser.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
                         help="set a metadata key in the output (TYPE int, float, bool or str; int is written as uint32)")
+    parser.add_argument("--prune-layers", type=prune_layers_arg, default=[], metavar="L0,L1,...",
+                        help="leave these blocks out and renumber the others (block_count and per-layer arrays follow)")
 
 
 def add_force_option(parser: argparse.ArgumentParser) -> None:
@@ -88,6 +100,7 @@ def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool 
         preset, pure=args.pure, output_tensor_type=args.output_tensor_type, token_embedding_type=args.token_embedding_type,
         leave_output_tensor=args.leave_output_tensor, tensor_types=list(args.tensor_type),
         kv_overrides=[parse_kv_override(text) for text in args.override_kv], imatrix=imatrix, allow_requantize=allow_requantize,
+        prune_layers=list(args.prune_layers),
     )
 
 

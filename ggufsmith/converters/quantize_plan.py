@@ -10,6 +10,7 @@ llama.cpp's quantizer does to its input file, so that the result is the same fil
 - metadata: every key of the input in its order, then general.quantization_version and
   general.file_type set, split.* removed, then the --override-kv keys and the quantize.imatrix.*
   keys. Setting a key in llama.cpp removes it and appends it at the end; `set_key` does the same.
+- with --prune-layers, the pruned blocks left out and the others renumbered (prune_layers.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, GGUFValueType, Keys, arch_key
 from ggufsmith.converters.plan import ConversionPlan
+from ggufsmith.converters.prune_layers import LayerPruning
 from ggufsmith.errors import QuantizationError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.quantize.imatrix import ImportanceMatrix
@@ -59,6 +61,7 @@ class QuantizeRequest:
     kv_overrides: list[tuple[str, GGUFValueType, Any]] = field(default_factory=list)
     imatrix: ImportanceMatrix | None = None
     allow_requantize: bool = False
+    prune_layers: list[int] = field(default_factory=list)  # block numbers to leave out (--prune-layers)
 
     def options(self) -> QuantizeOptions:
         return QuantizeOptions(
@@ -127,14 +130,22 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
     options = request.options()
     preset = options.preset
     imatrix = request.imatrix if options.has_imatrix else None
-    by_name = {t.name: t for t in plan.tensors}
-    order = list(by_name) if keep_order else llama_tensor_order(by_name)
     metadata = quantized_metadata(plan.metadata, preset.file_type, request)
-    # llama.cpp's loader sees the --override-kv values too (e.g. a block count) when it sizes the model
-    chooser = TypeChooser(options, model_facts(metadata), order)
+    # llama.cpp's loader sees the --override-kv values too (e.g. a block count) when it sizes the
+    # model; it loads the input, so the rules see the block count from before any pruning
+    facts = model_facts(metadata)
+    original_name = {t.name: t.name for t in plan.tensors}  # output name -> input name
+    if request.prune_layers:
+        pruning = LayerPruning(request.prune_layers, facts.n_layer)
+        renamed = ((pruning.rename(t.name), t.name) for t in plan.tensors)
+        original_name = {new: old for new, old in renamed if new is not None}
+        pruning.apply_to_metadata(metadata, facts.arch)
+    by_name = {t.name: t for t in plan.tensors}
+    order = list(original_name) if keep_order else llama_tensor_order(original_name)
+    chooser = TypeChooser(options, facts, order)
     tensors = []
     for name in order:
-        t = by_name[name]
+        t = by_name[original_name[name]]
         fallbacks = chooser.n_fallback
         new_type = chooser.choose(name, t.shape, t.ggml_type)
         if chooser.n_fallback > fallbacks:
@@ -151,7 +162,7 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
                     "precision. Pass --allow-requantize to do it anyway, or start from an F32/F16/BF16 file"
                 )
             if imatrix is not None:
-                importance = imatrix.for_tensor(name, t.shape)
+                importance = imatrix.for_tensor(t.name, t.shape)
             if importance is None and requires_importance(name, new_type, preset):
                 raise QuantizationError(
                     f"tensor {name}: {preset.name} makes it {new_type.name}, which needs an importance matrix "
@@ -159,7 +170,7 @@ def apply_preset(plan: ConversionPlan, request: QuantizeRequest, *, keep_order: 
                 )
             if importance is not None and not get_format(new_type).supports_importance:
                 importance = None
-        tensors.append(dataclasses.replace(t, ggml_type=new_type, nbytes=_nbytes(t.shape, new_type), note=note,
+        tensors.append(dataclasses.replace(t, name=name, ggml_type=new_type, nbytes=_nbytes(t.shape, new_type), note=note,
                                            importance=importance))
     return ConversionPlan(plan.architecture, preset.name.lower(), preset.file_type, metadata, tensors)
 

@@ -235,7 +235,6 @@ class TypeChooser:
         self.ftype = options.preset.name
         self.tied_embeddings = "output.weight" not in tensor_names
         self.n_attention_wv = sum(_category(n) == "attn_v" for n in tensor_names)
-        self.n_ffn_down = sum(_category(n) == "ffn_down" for n in tensor_names)
         self.i_attention_wv = 0
         self.i_ffn_down = 0
         self.i_ffn_gate = 0
@@ -378,7 +377,10 @@ class TypeChooser:
         if category == "ffn_down":
             i = self.i_ffn_down
             self.i_ffn_down += 1
-            if i < self.n_ffn_down // 8:
+            # llama.cpp compares the count of ffn_down tensors so far with the model's block count
+            # (not the number of ffn_down tensors: two per block with shared experts, fewer after
+            # --prune-layers)
+            if i < self.facts.n_layer // 8:
                 return T.IQ3_S if iq2_s else T.Q2_K
             return new_type
         if category == "attn_output":
