@@ -53,9 +53,10 @@ def negative_exp(tensor: LazyTensor) -> LazyTensor:
     return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
 
 
-def mamba2_mixer(prefix: str, *, conv_bias: str = "required") -> dict[str, T]:
-    """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias: "required" or
-    "optional" (llama.cpp's hybrids load the model without it)."""
+def mamba2_mixer(prefix: str, *, conv_bias: str = "required", norm: str = "required") -> dict[str, T]:
+    """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias, norm: "required"
+    or "optional" (llama.cpp's hybrids load the model without the conv bias; Falcon-H1 without the
+    gated norm)."""
     return {
         prefix + "in_proj.weight": T("ssm_in.weight", "2 * d_inner + 2 * n_group * d_state + dt_rank", "n_embd"),
         prefix + "conv1d.weight": T("ssm_conv1d.weight", CONV_CHANNELS, "d_conv"),
@@ -63,7 +64,7 @@ def mamba2_mixer(prefix: str, *, conv_bias: str = "required") -> dict[str, T]:
         prefix + "dt_bias": T("ssm_dt.bias", "dt_rank"),
         prefix + "A_log": T("ssm_a", "dt_rank", 1),  # llama.cpp names these two without ".weight"
         prefix + "D": T("ssm_d", "dt_rank", 1),
-        prefix + "norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group"),
+        prefix + "norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group", optional=norm == "optional"),
         prefix + "out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
     }
 
@@ -72,24 +73,26 @@ def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict
                 names: dict[str, tuple[str, ...]] | None = None, inner_from_heads: bool = False) -> None:
     """ssm.* keys from the config's Mamba-2 settings, with the variants llama.cpp cannot run refused.
     `prefix` "mamba_": hybrids that name them mamba_n_heads, mamba_d_state, ...; `names` replaces the
-    config names of a setting (expand, n_heads, n_groups, d_conv, d_state, head_dim, proj_bias);
-    inner_from_heads: the inner size is heads x head dim, whatever `expand` says (Nemotron-H)."""
+    config names of a setting (expand, n_heads, n_groups, d_conv, d_state, head_dim, proj_bias, and
+    inner: the inner size itself, when set, in place of expand x hidden_size); inner_from_heads: the
+    inner size is heads x head dim, whatever `expand` says (Nemotron-H)."""
     d = {"expand": 2, "n_groups": 8, "d_conv": 4, "d_state": 128, **(defaults or {})}
     n = {"expand": (f"{prefix}expand", "expand"), "n_heads": (f"{prefix}n_heads", "num_heads"),
          "n_groups": (f"{prefix}n_groups", "n_groups"), "d_conv": (f"{prefix}d_conv", "conv_kernel"),
          "d_state": (f"{prefix}d_state", "state_size"), "head_dim": ("mamba_d_head",) if prefix else ("head_dim",),
-         "proj_bias": (f"{prefix}proj_bias", "use_bias"), **(names or {})}
+         "proj_bias": (f"{prefix}proj_bias", "use_bias"), "inner": (), **(names or {})}
     n_embd = c.get_int("hidden_size", min=1)
     n_head = c.get_int(*n["n_heads"], min=1)
     n_group = c.get_int(*n["n_groups"], default=d["n_groups"], min=1)
     if inner_from_heads:
         d_inner = n_head * c.get_int(*n["head_dim"], min=1)
     else:
-        d_inner = c.get_int(*n["expand"], default=d["expand"], min=1) * n_embd
+        d_inner = c.get_int(*n["inner"], default=None, min=1) if n["inner"] else None
+        d_inner = d_inner or c.get_int(*n["expand"], default=d["expand"], min=1) * n_embd
         head_dim = c.get(*n["head_dim"], default="auto")
         if head_dim != "auto" and c.get_int(*n["head_dim"], min=1) * n_head != d_inner:
             raise ConversionError(f"{c.label}: {n_head} Mamba heads x head dim {head_dim} is not the inner size "
-                                  f"{d_inner} (expand x hidden_size); the in_proj cannot be split into heads")
+                                  f"{d_inner}; the in_proj cannot be split into heads")
     if d_inner % n_head or d_inner % n_group:
         raise ConversionError(f"{c.label}: the inner size {d_inner} is not a multiple of the {n_head} heads and "
                               f"{n_group} groups")
