@@ -89,11 +89,14 @@ def llamacpp_imatrix(gguf_path: Path, chunks: list[list[int]]) -> dict[str, tupl
                 rows = x[:, slot % x.shape[1], :]
                 np.add.at(sums, ids[:, slot], rows**2)
                 np.add.at(counts, ids[:, slot], 1)
-        else:
-            x = _view(src1, np.float32, 2).astype(np.float64)  # (rows, ne0); these graphs are 2-D
-            sums, counts = stats.setdefault(name, [np.zeros((1, x.shape[-1])), np.zeros(1, np.int64)])
-            sums[0] += (x**2).sum(axis=0)
-            counts[0] += x.shape[0]
+        else:  # a 3-D weight (MLA's attn_k_b / attn_v_b): one matrix per slice of src1, one count
+            n_mat = int(src0.ne[2] * src0.ne[3])
+            x = _view(src1, np.float32, 4).astype(np.float64)  # (ne3, ne2, rows, ne0)
+            sums, counts = stats.setdefault(name, [np.zeros((n_mat, x.shape[-1])), np.zeros(1, np.int64)])
+            for i3 in range(x.shape[0]):
+                for i2 in range(x.shape[1]):
+                    sums[(i3 % src0.ne[3]) * src0.ne[2] + i2 % src0.ne[2]] += (x[i3, i2] ** 2).sum(axis=0)
+            counts[0] += x.shape[0] * x.shape[1] * x.shape[2] // n_mat
         return True
 
     callback = L.ggml_backend_sched_eval_callback(collect)

@@ -13,7 +13,7 @@ shared experts:
     with selection bias in 2 groups, and its next-token-prediction layer, which the file keeps.
 Value heads (v_head_dim) are wider than the key's unrotated part (qk_nope_head_dim), so a split of
 kv_b_proj at the wrong row, or without the transposition of attn_k_b, fails on shapes or logits.
-Tolerances and the 90th percentile for f16/q8_0: see tests/test_arch_moe.py. Measured: f32
+Tolerances and the 90th percentile for f16/q8_0: see tests/moe_harness.py. Measured: f32
 5.9e-6 to 7.5e-6 std for every model and layout, f16 0.007-0.008, q8_0 0.23-0.29. Checked by hand:
 reading kv_b_proj's heads in the wrong order, dropping the rotate-half reordering, the selection
 bias, the expert groups or yarn_log_multiplier, a full-head rope or softmax routing for glm, or
@@ -29,8 +29,9 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids
 from tests.llamacpp_reference import assert_same_file
+from tests.moe_harness import EOT_FIM_DIFFERENCES, TOLERANCE, VOCAB, conversions, logits_error
 from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -39,8 +40,6 @@ gguf = pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
-VOCAB = 600
 COMMON = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
               num_hidden_layers=3, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4,
               kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20, max_position_embeddings=512,
@@ -70,10 +69,7 @@ PRE = {"glm": "glm4"}  # the pre-tokenizer of the tokenizer trained for a model 
 CASES = {("v3", "per-expert"): tuple(TOLERANCE), ("v3", "fused"): tuple(TOLERANCE),
          ("v2", "per-expert"): tuple(TOLERANCE), ("v2", "fused"): ("f32",), ("kimi", "per-expert"): ("f32", "f16"),
          ("glm", "per-expert"): tuple(TOLERANCE), ("glm", "fused"): ("f32",)}
-KEY_DIFFERENCES = {
-    key: "written explicitly; llama.cpp finds the same id by its text at load time"
-    for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))
-}
+KEY_DIFFERENCES = EOT_FIM_DIFFERENCES
 # q_lora_rank null: llama.cpp reads the key unless the model has V2-Lite's 26/27 layers.
 V2_KEY_DIFFERENCES = {**KEY_DIFFERENCES, "deepseek2.attention.q_lora_rank": "0 for a plain q_proj; the reference "
                       "leaves it out and llama.cpp refuses its file"}
@@ -124,27 +120,13 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("deepseek-gguf")
-    cache = {}
-
-    def get(kind: str, layout: str, outtype: str):
-        key = kind, layout, outtype
-        if key not in cache:
-            cache[key] = root / f"{kind}-{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[kind, layout][0], cache[key], outtype=outtype)
-        return cache[key]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("deepseek-gguf"))
 
 
 @pytest.mark.parametrize("kind, layout, outtype", [(k, l, o) for (k, l), outtypes in CASES.items() for o in outtypes])
 def test_logits_match_transformers(models, converted, kind, layout, outtype):
     _, ids, expected = models[kind, layout]
-    got = llamacpp_logits(converted(kind, layout, outtype), ids)
-    if outtype == "f32":
-        error = relative_error(got, expected)
-    else:  # per position, the 90th percentile: see tests/test_arch_moe.py
-        error = float(np.quantile([relative_error(g[None], e[None]) * e.std() / expected.std() for g, e in zip(got, expected)], 0.9))
+    error = logits_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
     print(f"{kind} {layout} {outtype}: error {error:.2e} std")
     assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: error {error:.2e} of the logits' std"
 
@@ -183,12 +165,11 @@ def test_multi_token_prediction_layer_left_out(models, converted, tmp_path, capl
     assert gguf_contents(tmp_path / "mtp.gguf")[1] == gguf_contents(converted("v3", "per-expert", "f32"))[1]
 
 
-@pytest.mark.parametrize("kind, preset", [("v3", p) for p in ("Q2_K", "Q3_K_S", "Q4_0", "Q4_K_M", "Q5_K_M", "Q6_K")]
-                         + [("v3", "MXFP4_MOE"), ("glm", "Q4_K_M"), ("glm", "MXFP4_MOE")])
+@pytest.mark.parametrize("kind, preset", [("glm", "Q4_K_M"), ("glm", "MXFP4_MOE")])
 def test_presets_match_llama_quantize(models, converted, tmp_path, kind, preset):
     """`convert --outtype PRESET` straight from the checkpoint gives the file llama_model_quantize
-    makes from the f32 conversion, byte for byte (its rules for attn_k_b/attn_v_b, the experts,
-    the shared experts and the leading dense blocks included)."""
+    makes from the f32 conversion, byte for byte (GLM-4.5's feed-forward; DeepSeek's every preset:
+    test_every_preset_matches_llama_quantize)."""
     from ggufsmith.quantize.presets import get_preset
     from tests.requant_oracle import assert_same_file as assert_same_bytes, llama_quantize
 
@@ -196,3 +177,77 @@ def test_presets_match_llama_quantize(models, converted, tmp_path, kind, preset)
     ggufsmith.convert(models[kind, "per-expert"][0], ours, outtype=preset.lower())
     assert llama_quantize(converted(kind, "per-expert", "f32"), tmp_path / "theirs.gguf", get_preset(preset).file_type) == 0
     assert_same_bytes(ours, tmp_path / "theirs.gguf")
+
+
+# --- every llama-quantize preset, with and without an importance matrix (issue 15) ----------------
+
+# A V3 whose rows take the 256-blocks of the K- and IQ-quants (hidden, kv_lora_rank, the experts'
+# widths), with attn_k_b's rows of qk_nope_head_dim 32 falling back to 32-blocks as real DeepSeeks'
+# 128 do; a dense block and a sparse one, 4 experts in 2 groups: as small as that goes, since
+# ggufsmith's numpy IQ quantizers take most of the time.
+QUANTIZABLE = dict(V3, hidden_size=256, intermediate_size=256, moe_intermediate_size=256, n_routed_experts=4,
+                   num_hidden_layers=2, q_lora_rank=256, kv_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=32,
+                   v_head_dim=32)
+PLAIN_OUTTYPES = ("F16", "BF16", "Q8_0")  # convert keeps convert_hf_to_gguf.py's metadata for these
+IMATRIX_CHUNK = 64
+
+
+@pytest.fixture(scope="module")
+def quantizable(tmp_path_factory):
+    """The checkpoint, its f32 conversion, and an importance matrix of it made by `ggufsmith imatrix`,
+    with the values llama-quantize would hand llama_model_quantize from that file and the keys it adds."""
+    import subprocess
+    import sys
+
+    from tests.requant_oracle import imatrix_as_llama_quantize_reads_it
+    from tests.tokenizer_helpers import training_text
+
+    root = tmp_path_factory.mktemp("deepseek-presets")
+    model_dir = root / "v3"
+    train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
+    build_model("DeepseekV3Config", "DeepseekV3ForCausalLM", model_dir, **QUANTIZABLE)
+    f32 = root / "f32.gguf"
+    ggufsmith.convert(model_dir, f32, outtype="f32")
+    text, imatrix = root / "calibration.txt", root / "imatrix.gguf"
+    text.write_text("\n".join(training_text(60, seed=5)), encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "ggufsmith", "imatrix", str(model_dir), str(text), str(imatrix),
+                    "--chunk-size", str(IMATRIX_CHUNK), "--max-chunks", "4", "--quiet"], check=True)
+    values, overrides = imatrix_as_llama_quantize_reads_it(imatrix)
+    return model_dir, f32, imatrix, values, overrides
+
+
+def _preset_cases():
+    from ggufsmith.quantize.presets import PRESETS
+    from tests.requant_oracle import PRESETS_NEEDING_IMATRIX
+
+    return [(p, with_imatrix) for p in PRESETS if p != "F32" for with_imatrix in (False, True)
+            if (with_imatrix or p not in PRESETS_NEEDING_IMATRIX) and not (with_imatrix and p in PLAIN_OUTTYPES)]
+
+
+@pytest.mark.parametrize("preset, with_imatrix", _preset_cases(),
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in _preset_cases()])
+def test_every_preset_matches_llama_quantize(quantizable, tmp_path, preset, with_imatrix):
+    """`convert --outtype PRESET [--imatrix FILE]` on the checkpoint is llama_model_quantize on the
+    f32 conversion, byte for byte: llama.cpp's rules for the MLA tensors (attn_kv_a_mqa, the 3-D
+    attn_k_b / attn_v_b and their per-head importance), the expert stacks and their per-expert
+    importance, the shared experts and the leading dense block. Q1_0 has no fallback for attn_k_b's
+    rows of 32: both refuse."""
+    from ggufsmith.errors import QuantizationError
+    from ggufsmith.quantize.presets import get_preset
+    from tests.requant_oracle import assert_same_file as assert_same_bytes, assert_same_tensors, llama_quantize
+
+    model_dir, f32, imatrix, values, overrides = quantizable
+    ours, theirs = tmp_path / "ours.gguf", tmp_path / "theirs.gguf"
+    options = dict(imatrix=values, kv_overrides=overrides) if with_imatrix else {}
+    status = llama_quantize(f32, theirs, get_preset(preset).file_type, **options)
+    if preset == "Q1_0":
+        assert status != 0
+        with pytest.raises(QuantizationError, match="no fallback type for Q1_0"):
+            ggufsmith.convert(model_dir, ours, outtype="q1_0", **({"imatrix": str(imatrix)} if with_imatrix else {}))
+        return
+    assert status == 0
+    ggufsmith.convert(model_dir, ours, outtype=preset.lower(), **({"imatrix": str(imatrix)} if with_imatrix else {}))
+    if preset in PLAIN_OUTTYPES:
+        assert_same_tensors(ours, theirs)
+    else:
+        assert_same_bytes(ours, theirs)

@@ -2,15 +2,9 @@
 logits, in both checkpoint layouts (one tensor per expert, and transformers 5's fused stacks), and
 llama.cpp's own converter writes the same file from the per-expert layout.
 
-Tolerances as in tests/test_arch_dense.py (units of the logits' standard deviation), with one
-difference for f16 and q8_0: rounding the weights moves the router's scores slightly, and where two
-experts are nearly tied for a token llama.cpp may pick the other one (transformers would too, given
-the rounded weights), which changes that token's logits by up to half a standard deviation
-(measured 0.47 at f16), and through attention the later tokens' too. So f16 and q8_0 bound the
-error of 90% of the positions, at 0.25 and 0.6 (measured 0.008-0.10 and 0.14-0.28); f32, where the
-routing is the same, bounds every position at 1e-3 (measured 2.6e-6-9.9e-6). The layout is the same
-code at every outtype; a wrong expert order or a swapped gate/up changes every position by whole
-standard deviations.
+Tolerances (tests/moe_harness.py): f32 bounds every position at 1e-3 of the logits' standard
+deviation (measured 2.6e-6-9.9e-6); f16 and q8_0 bound 90% of the positions at 0.25 and 0.6
+(measured 0.008-0.10 and 0.14-0.28), since rounding can flip a near-tied routing choice.
 """
 
 from __future__ import annotations
@@ -18,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
+from tests.moe_harness import EOT_FIM_DIFFERENCES, TOLERANCE, VOCAB, conversions, logits_error
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -30,8 +24,6 @@ gguf = pytest.importorskip("gguf")
 
 pytestmark = pytest.mark.slow
 
-TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
-VOCAB = 600
 ATTENTION = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=512, tie_word_embeddings=False, vocab_size=VOCAB + 8, bos_token_id=0,
                  eos_token_id=0, pad_token_id=0)
@@ -75,19 +67,10 @@ MODELS = {
 SENTENCEPIECE = {"ernie4_5-moe"}  # llama.cpp's converter reads ERNIE's vocabulary only from tokenizer.model
 LAYOUTS = ("per-expert", "fused")
 KEY_DIFFERENCES = {
-    **{key: "written explicitly; llama.cpp finds the same id by its text at load time"
-       for key in ("tokenizer.ggml.eot_token_id", *(f"tokenizer.ggml.fim_{kind}_token_id" for kind in ("pre", "suf", "mid", "pad", "rep", "sep")))},
+    **EOT_FIM_DIFFERENCES,
     "dots1.expert_gating_func": "theirs leaves it out, and llama.cpp aborts on such a file's first MoE layer",
     **TOKENIZER_KEY_DIFFERENCES,  # the SentencePiece tokenizer's (ernie4_5-moe)
 }
-
-
-def moe_error(got: np.ndarray, expected: np.ndarray, outtype: str) -> float:
-    """The error TOLERANCE bounds: at f32 the largest over the prompt; at f16 and q8_0 that of the
-    90th percentile of the positions (see the module docstring). Units of the logits' std."""
-    if outtype == "f32":
-        return relative_error(got, expected)
-    return float(np.quantile([relative_error(g[None], e[None]) * e.std() / expected.std() for g, e in zip(got, expected)], 0.9))
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +92,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("moe-gguf")
-    cache = {}
-
-    def get(kind: str, layout: str, outtype: str):
-        key = kind, layout, outtype
-        if key not in cache:
-            cache[key] = root / f"{kind}-{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[kind, layout][0], cache[key], outtype=outtype)
-        return cache[key]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("moe-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))
@@ -127,7 +100,7 @@ def converted(models, tmp_path_factory):
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_logits_match_transformers(models, converted, kind, layout, outtype):
     _, ids, expected = models[kind, layout]
-    error = moe_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
+    error = logits_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
     print(f"{kind} {layout} {outtype}: max error {error:.2e} std")
     assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: max error {error:.2e} of the logits' std"
 

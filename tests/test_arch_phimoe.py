@@ -26,7 +26,8 @@ from tests.decoder_reference import reference_convert
 from tests.family_models import build_model, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
 from tests.test_arch_dense import KEY_DIFFERENCES, PHI3_DIFFERENCES, PHI3_END, train_phi3_tokenizer
-from tests.test_arch_moe import ATTENTION, LAYOUTS, TOLERANCE, moe_error
+from tests.moe_harness import TOLERANCE, conversions, logits_error
+from tests.test_arch_moe import ATTENTION, LAYOUTS
 
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
@@ -96,16 +97,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("phimoe-gguf")
-    cache = {}
-
-    def get(kind: str, layout: str, outtype: str):
-        if (kind, layout, outtype) not in cache:
-            cache[kind, layout, outtype] = root / f"{kind}-{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[kind, layout][0], cache[kind, layout, outtype], outtype=outtype)
-        return cache[kind, layout, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("phimoe-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))
@@ -113,7 +105,7 @@ def converted(models, tmp_path_factory):
 def test_logits_match_transformers_computing_as_llamacpp(models, converted, kind, layout, outtype):
     model_dir, ids = models[kind, layout]
     expected = transformers_logits(model_dir, ids, patched=True)
-    error = moe_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
+    error = logits_error(llamacpp_logits(converted(kind, layout, outtype), ids), expected, outtype)
     print(f"{kind} {layout} {outtype}: error {error:.2e} std")
     assert error <= TOLERANCE[outtype], f"{kind} {layout} {outtype}: error {error:.2e} of the logits' std"
 

@@ -143,11 +143,14 @@ def _write_raw(path: Path, header: bytes, payload: bytes = b"", header_len: int 
         (b"[1, 2]", b"", None, "not a JSON object"),
         (json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode(), b"\0" * 8, None, "outside the file"),
         (json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}).encode(), b"\0" * 16, None, "needs 16"),
-        (json.dumps({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None, "F8_E4M3"),
+        (json.dumps({"w": {"dtype": "U16", "shape": [4], "data_offsets": [0, 8]}}).encode(), b"\0" * 8, None, "U16"),
+        (json.dumps({"w": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None,
+         "F8_E4M3 without a scale"),
         (json.dumps({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}).encode(), b"\0" * 4, None, "non-negative integers"),
         (json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}}).encode(), b"\0" * 8, None, "end before they begin"),
     ],
-    ids=["truncated", "huge-length", "bad-json", "not-object", "past-end", "span-mismatch", "unknown-dtype", "negative-dim", "reversed-offsets"],
+    ids=["truncated", "huge-length", "bad-json", "not-object", "past-end", "span-mismatch", "unknown-dtype",
+         "fp8-without-scale", "negative-dim", "reversed-offsets"],
 )
 def test_damaged_safetensors_give_one_clear_error(tmp_path, header, payload, header_len, message):
     path = tmp_path / "model.safetensors"

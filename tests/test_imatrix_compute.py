@@ -1,4 +1,4 @@
-"""`ggufsmith imatrix` on tiny random-weight llama and mixtral checkpoints.
+"""`ggufsmith imatrix` on tiny random-weight llama, mixtral, qwen3moe and DeepSeek V3 checkpoints.
 
 Oracles:
 - the statistics: recomputed here from transformers' own outputs (`output_hidden_states` through the
@@ -46,6 +46,13 @@ MODELS = {
     "mixtral": ("MixtralForCausalLM", dict(SHAPES, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)),
     "qwen3moe": ("Qwen3MoeForCausalLM", dict(SHAPES, moe_intermediate_size=256, num_experts=4, num_experts_per_tok=2,
                                              norm_topk_prob=True, head_dim=64)),
+    # multi-head latent attention (kv_b_proj split into the per-head attn_k_b / attn_v_b; keys and
+    # values per query head, as DeepSeek's configs say), a dense leading block, then routed experts
+    # in groups and a shared expert
+    "deepseek2": ("DeepseekV3ForCausalLM", dict(SHAPES, num_key_value_heads=4, moe_intermediate_size=256, n_routed_experts=4, num_experts_per_tok=2,
+                                                first_k_dense_replace=1, n_shared_experts=1, n_group=2, topk_group=1,
+                                                norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=256,
+                                                kv_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=32, v_head_dim=32)),
 }
 CHUNK = 64
 
@@ -175,7 +182,9 @@ def test_experts_count_only_their_tokens(models):
 def test_same_statistics_as_llama_cpp_collects(models, tmp_path, variant):
     """Measured with these models: dense sums agree to <= 4e-3 of their largest value (llama.cpp's own
     float32 attention and accumulation order; 6e-8 at the first layer's inputs), counts exactly; in
-    the mixtral, float differences move one near-tie token to another expert in the second layer."""
+    the mixtral, float differences move one near-tie token to another expert in the second layer.
+    deepseek2: attn_k_b's per-head query parts 2e-7 in the first layer, attn_v_b's per-head
+    attention outputs over the latent (after llama.cpp's own softmax) 8e-4."""
     import ggufsmith
 
     from tests.llamacpp_imatrix import llamacpp_imatrix
@@ -194,7 +203,8 @@ def test_same_statistics_as_llama_cpp_collects(models, tmp_path, variant):
             assert relative < 2e-2, name
         else:
             assert our_counts.tolist() == counts.tolist(), name
-            assert relative < (1e-6 if name.startswith("blk.0.attn_") and "output" not in name else 1e-2), name
+            before_attention = name.startswith("blk.0.attn_") and not name.endswith(("attn_output.weight", "attn_v_b.weight"))
+            assert relative < (1e-6 if before_attention else 1e-2), name
 
 
 # --- llama.cpp's quantizer -------------------------------------------------------------------------
@@ -263,7 +273,8 @@ def quantized(models, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant, preset", [("llama", "Q4_K_M"), ("llama", "Q2_K"), ("mixtral", "Q4_K_M"), ("mixtral", "Q2_K"),
-                                                 ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q2_K")])
+                                                 ("qwen3moe", "Q4_K_M"), ("qwen3moe", "Q2_K"),
+                                                 ("deepseek2", "Q4_K_M"), ("deepseek2", "Q2_K")])
 def test_llama_quantize_accepts_it_and_the_error_drops(quantized, variant, preset):
     f32, with_imatrix, without, heldout = quantized(variant, preset)
     compared = 0

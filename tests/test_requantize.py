@@ -176,9 +176,11 @@ def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model)
     _convert_preset_check(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
 
 
+# Through `convert` on the llama (the quantize path above covers every preset on every model, and
+# qwen3moe's convert path is below; `convert --outtype PRESET` is planned as convert + quantize):
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ALL_PRESETS)
-@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("model", ["llama"])
 def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
     _convert_preset_check(models, imatrices, tmp_path, model, preset,
                           with_imatrix=preset == "Q2_K" or preset in PRESETS_NEEDING_IMATRIX, run=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject
 from ggufsmith.arch.rope import Rope
-from ggufsmith.arch.tensors import Split, T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.arch.tensors import Dim, Split, T
+from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -126,6 +126,61 @@ SPARSE = "bid >= n_layer_dense_lead"
 
 # The router is tiny and decides which experts run: llama.cpp keeps it F32 whatever the outtype.
 ROUTER = (r"blk\.\d+\.ffn_gate_inp\.weight",)
+
+
+GATING = {"softmax": ExpertGatingFunc.SOFTMAX, "sigmoid": ExpertGatingFunc.SIGMOID}
+
+
+def sparse_blocks(*, shared_prefix: str = "mlp.shared_experts.", bias_optional: bool = True) -> dict[str, T | Split]:
+    """The feed-forward of DeepSeek-style blocks (relative names; DeepSeek V2/V3, GLM-4.5, dots1):
+    a dense MLP in the leading blocks, then router, selection bias (e_score_correction_bias,
+    llama.cpp's exp_probs_b), routed experts (both checkpoint layouts) and shared ones."""
+    return {
+        **mlp(biases="none", when=DENSE),
+        **experts(when=SPARSE),
+        "mlp.gate.e_score_correction_bias": T("exp_probs_b.bias", "n_expert", optional=bias_optional, when=SPARSE),
+        **shared_expert(shared_prefix, when=SPARSE),
+    }
+
+
+def sparse_dims(c: HFConfig) -> dict[str, Dim]:
+    """The dimensions sparse_blocks' shapes use beyond the metadata's: the number of leading dense
+    blocks (first_k_dense_replace) and the width of the shared experts (llama.cpp: n_ff_exp x
+    n_expert_shared)."""
+    return {
+        "n_layer_dense_lead": Dim(c.get_int("first_k_dense_replace", min=0), f"{c.label} first_k_dense_replace"),
+        "n_ff_shexp": Dim(c.get_int("moe_intermediate_size", min=1) * c.get_int("n_shared_experts", min=1),
+                          f"{c.label} moe_intermediate_size x n_shared_experts"),
+    }
+
+
+def routing_keys(keys: ArchKeys, c: HFConfig, *, scoring: str, grouped: bool) -> None:
+    """The MoE keys of DeepSeek-style routing (sparse_blocks' models). scoring: the score function
+    when config.json names none (scoring_func); grouped: whether the family's router searches only
+    the best topk_group groups of n_group (else groups are not written: llama.cpp would apply them)."""
+    n_expert = c.get_int("n_routed_experts", min=1)
+    keys.u32(Keys.LLM.EXPERT_COUNT, n_expert)
+    keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1, max=n_expert))
+    keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("moe_intermediate_size", min=1))
+    keys.u32(Keys.LLM.EXPERT_SHARED_COUNT, c.get_int("n_shared_experts", min=1))
+    keys.u32(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, c.get_int("first_k_dense_replace", min=0))
+    function = c.get_str("scoring_func", default=scoring)
+    if function not in GATING:
+        raise c.error("scoring_func", function, "'softmax' or 'sigmoid'")
+    keys.u32(Keys.LLM.EXPERT_GATING_FUNC, int(GATING[function]))
+    keys.f32(Keys.LLM.EXPERT_WEIGHTS_SCALE, c.get_float("routed_scaling_factor", default=None, min=0))
+    if c.get_bool("norm_topk_prob"):
+        keys.bool(Keys.LLM.EXPERT_WEIGHTS_NORM, True)
+    n_group = c.get_int("n_group", default=None, min=1)
+    if not grouped or n_group is None:
+        return
+    topk_group = c.get_int("topk_group", default=n_group, min=1, max=n_group)
+    if n_group > 1 and n_expert % n_group:
+        raise c.error("n_group", n_group, f"a divisor of n_routed_experts ({n_expert})")
+    # Searching all groups is no grouping, which llama.cpp asserts against (topk_group < n_group).
+    if n_group == 1 or topk_group < n_group:
+        keys.u32(Keys.LLM.EXPERT_GROUP_COUNT, n_group)
+        keys.u32(Keys.LLM.EXPERT_GROUP_USED_COUNT, topk_group)
 
 
 def expert_keys(keys: ArchKeys, c: HFConfig) -> None:

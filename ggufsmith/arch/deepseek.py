@@ -18,7 +18,7 @@ shared key are reordered. Yarn: llama.cpp scales the attention by transformers' 
 factor (squared) from rope.scaling.yarn_log_multiplier, stored as 0.1 x mscale_all_dim as llama.cpp's
 converter does; it assumes the cos/sin factor of transformers (mscale / mscale_all_dim) is 1.
 
-Routing (`routing_keys`, shared with glm4moe): softmax (V2) or sigmoid (V3, GLM-4.5) scores, the
+Routing (decoder.routing_keys, shared with glm4moe and dots1): softmax (V2) or sigmoid (V3, GLM-4.5) scores, the
 selection bias `e_score_correction_bias` (exp_probs_b), groups of experts of which the best
 topk_group (by the sum of their two best scores) are searched, renormalization (norm_topk_prob) and
 routed_scaling_factor. Multi-token-prediction layers (num_nextn_predict_layers) are left out with a
@@ -36,69 +36,16 @@ import numpy as np
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import ROUTER, Decoder, embeddings, experts, in_block, mlp, norms, shared_expert
+from ggufsmith.arch.decoder import ROUTER, Decoder, embeddings, in_block, norms, routing_keys, sparse_blocks, sparse_dims
 from ggufsmith.arch.tensors import Dim, Split, T
-from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
 log = logging.getLogger(__name__)
 
-DENSE = "bid < n_lead"  # the leading blocks (first_k_dense_replace) have a plain MLP
-SPARSE = "bid >= n_lead"
 Q_LORA = "q_lora_rank > 0"
-GATING = {"softmax": ExpertGatingFunc.SOFTMAX, "sigmoid": ExpertGatingFunc.SIGMOID}
-
-
-def sparse_blocks(*, shared_prefix: str = "mlp.shared_experts.", bias_optional: bool = True) -> dict[str, T | Split]:
-    """The feed-forward of DeepSeek-style blocks (relative names): a dense MLP in the leading
-    blocks, then router, selection bias, routed experts (both checkpoint layouts) and shared ones."""
-    return {
-        **mlp(biases="none", when=DENSE),
-        **experts(when=SPARSE),
-        "mlp.gate.e_score_correction_bias": T("exp_probs_b.bias", "n_expert", optional=bias_optional, when=SPARSE),
-        **shared_expert(shared_prefix, when=SPARSE),
-    }
-
-
-def routing_keys(keys: ArchKeys, c: HFConfig, *, scoring: str, grouped: bool) -> None:
-    """The MoE keys of DeepSeek-style routing. scoring: the score function when config.json names
-    none (scoring_func); grouped: whether the family's router searches only the best topk_group
-    groups of n_group (else groups are not written: llama.cpp would apply them)."""
-    n_expert = c.get_int("n_routed_experts", min=1)
-    keys.u32(Keys.LLM.EXPERT_COUNT, n_expert)
-    keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", min=1, max=n_expert))
-    keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("moe_intermediate_size", min=1))
-    keys.u32(Keys.LLM.EXPERT_SHARED_COUNT, c.get_int("n_shared_experts", min=1))
-    keys.u32(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, c.get_int("first_k_dense_replace", min=0))
-    function = c.get_str("scoring_func", default=scoring)
-    if function not in GATING:
-        raise c.error("scoring_func", function, "'softmax' or 'sigmoid'")
-    keys.u32(Keys.LLM.EXPERT_GATING_FUNC, int(GATING[function]))
-    keys.f32(Keys.LLM.EXPERT_WEIGHTS_SCALE, c.get_float("routed_scaling_factor", default=None, min=0))
-    if c.get_bool("norm_topk_prob"):
-        keys.bool(Keys.LLM.EXPERT_WEIGHTS_NORM, True)
-    n_group = c.get_int("n_group", default=None, min=1)
-    if not grouped or n_group is None:
-        return
-    topk_group = c.get_int("topk_group", default=n_group, min=1, max=n_group)
-    if n_group > 1 and n_expert % n_group:
-        raise c.error("n_group", n_group, f"a divisor of n_routed_experts ({n_expert})")
-    # Searching all groups is no grouping, which llama.cpp asserts against (topk_group < n_group).
-    if n_group == 1 or topk_group < n_group:
-        keys.u32(Keys.LLM.EXPERT_GROUP_COUNT, n_group)
-        keys.u32(Keys.LLM.EXPERT_GROUP_USED_COUNT, topk_group)
-
-
-def sparse_dims(c: HFConfig) -> dict[str, Dim]:
-    """The dimensions sparse_blocks' shapes use beyond the metadata's: the number of leading dense
-    blocks and the width of the shared experts (llama.cpp: n_ff_exp x n_expert_shared)."""
-    return {
-        "n_lead": Dim(c.get_int("first_k_dense_replace"), f"{c.label} first_k_dense_replace"),
-        "n_ff_shexp": Dim(c.get_int("moe_intermediate_size") * c.get_int("n_shared_experts"),
-                          f"{c.label} moe_intermediate_size x n_shared_experts"),
-    }
 
 
 # transformers' defaults for the keys a config.json may leave out, per class (V2 and V3 differ).
@@ -133,7 +80,7 @@ class Deepseek2(Decoder):
     }
     f32_tensors = ROUTER
     yarn_handled = ("mscale", "mscale_all_dim")  # see _yarn_keys
-    dim_names = ("q_lora_rank", "kv_lora_rank", "head_dim_k_mla", "head_dim_v_mla", "n_lead")
+    dim_names = ("q_lora_rank", "kv_lora_rank", "head_dim_k_mla", "head_dim_v_mla", "n_layer_dense_lead")
 
     def __init__(self, config: HFConfig) -> None:
         self.v3 = "DeepseekV3ForCausalLM" in config.architectures or (

@@ -2,7 +2,7 @@
 optional q/k/v biases and per-head q/k norms, NeoX-style rope on the first half of each head
 (partial_rotary_factor, 0.5 by default), the normalization after attention named
 post_attention_norm, and DeepSeek V3's feed-forward: dense leading blocks, then sigmoid routing with
-a selection bias over routed experts, plus shared experts (arch/deepseek.py).
+a selection bias over routed experts, plus shared experts (decoder.sparse_blocks, as deepseek2's).
 
 The next-token-prediction layer(s) (model.layers.<num_hidden_layers>...) are kept, as llama.cpp's
 converter keeps them: a whole block (attention, experts) plus eh_proj, enorm, hnorm and its optional
@@ -17,8 +17,7 @@ import re
 from collections.abc import Mapping
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
-from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, in_block, norms
-from ggufsmith.arch.deepseek import routing_keys, sparse_blocks, sparse_dims
+from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, in_block, norms, routing_keys, sparse_blocks, sparse_dims
 from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -51,7 +50,7 @@ class Glm4Moe(Decoder):
         }),
     }
     f32_tensors = ROUTER
-    dim_names = ("n_lead", "n_nextn")
+    dim_names = ("n_layer_dense_lead", "n_nextn")
 
     def __init__(self, config) -> None:
         super().__init__(config)

@@ -17,6 +17,14 @@ with transformers' own key renaming (transformers >= 5 renames and fuses some ch
 load), and its GGUF name with the architecture plugin's tensor table, so the names are those the
 converter writes. The activation width is checked against ne0 of the GGUF tensor, which is the
 input dimension whatever the checkpoint layout (rotary permutations reorder rows, not columns).
+
+Multi-head latent attention (DeepSeek V2/V3: kv_b_proj split into attn_k_b and attn_v_b) is the one
+place where llama.cpp's graph multiplies other activations than the checkpoint's: it moves the
+queries into the latent space instead of expanding the keys. attn_k_b (n_head matrices) gets each
+head's unrotated query part, attn_v_b each head's attention output over the normed latent, and
+llama-imatrix keeps per-head sums with one token count, as for any 3-D weight of a plain MUL_MAT.
+The attention probabilities that output needs come from transformers' eager attention, so such a
+model is run with it.
 """
 
 from __future__ import annotations
@@ -53,22 +61,43 @@ class Accumulator:
 
     def add(self, target: _Target, matrix: int, rows):
         """Add the activation rows (torch, (n, row_length)) entering matrix `matrix` of `target`."""
+        self._check_width(target, rows)
+        self._start(target, target.n_matrices)
+        rows = rows.reshape(-1, target.row_length)
+        if rows.shape[0] == 0:
+            return
+        self.sums[target.gguf_name][matrix] += self._squares(target, rows)
+        self.counts[target.gguf_name][matrix] += rows.shape[0]
+
+    def add_per_matrix(self, target: _Target, rows):
+        """Add activations (torch, (n, n_matrices, row_length)) entering each matrix of a 3-D weight
+        that every row passes through (attention heads, not routed experts): per-matrix sums, one
+        count of n, as llama-imatrix keeps for a 3-D weight of a plain MUL_MAT."""
+        self._check_width(target, rows)
+        self._start(target, 1)
+        rows = rows.reshape(-1, target.n_matrices, target.row_length)
+        self.sums[target.gguf_name] += self._squares(target, rows)
+        self.counts[target.gguf_name][0] += rows.shape[0]
+
+    @staticmethod
+    def _check_width(target: _Target, rows) -> None:
         if rows.shape[-1] != target.row_length:
             raise ConversionError(
                 f"{target.gguf_name}: the model feeds it {rows.shape[-1]} input features, the GGUF tensor has "
                 f"{target.row_length} columns; this architecture's layout is not supported by ggufsmith imatrix"
             )
+
+    def _start(self, target: _Target, n_counts: int) -> None:
         if target.gguf_name not in self.sums:
             self.sums[target.gguf_name] = np.zeros((target.n_matrices, target.row_length), dtype=np.float64)
-            self.counts[target.gguf_name] = np.zeros(target.n_matrices, dtype=np.int64)
-        rows = rows.reshape(-1, target.row_length)
-        if rows.shape[0] == 0:
-            return
+            self.counts[target.gguf_name] = np.zeros(n_counts, dtype=np.int64)
+
+    @staticmethod
+    def _squares(target: _Target, rows) -> np.ndarray:
         squares = rows.double().square().sum(dim=0).numpy()
         if not np.all(np.isfinite(squares)):
             raise ConversionError(f"{target.gguf_name}: non-finite activations; the model or the text gives inf/NaN")
-        self.sums[target.gguf_name][matrix] += squares
-        self.counts[target.gguf_name][matrix] += rows.shape[0]
+        return squares
 
     def entries(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """name -> (sums float32[nmat * ne0], counts float32[nmat]): write_imatrix's input."""
@@ -191,12 +220,24 @@ def _install_hooks(model, table, runtime, accumulator: Accumulator, process_outp
         return found
 
     handles = []
+    latent_split = set()  # GGUF names of MLA's attn_k_b / attn_v_b, collected by _latent_attention_hooks
+    for module_name, module in model.named_modules():
+        if getattr(module, "kv_b_proj", None) is None:
+            continue
+        # {"attn_k_b": target, "attn_v_b": target} when the plugin splits this kv_b_proj for MLA
+        split = {t.gguf_name.rsplit(".", 2)[-2]: t for _, t in targets_of(f"{module_name}.kv_b_proj.weight")
+                 if t.gguf_name.endswith((".attn_k_b.weight", ".attn_v_b.weight"))}
+        if split:
+            handles.extend(_latent_attention_hooks(module, split.get("attn_k_b"), split.get("attn_v_b"), accumulator))
+            latent_split.update(t.gguf_name for t in split.values())
     for module_name, module in model.named_modules():
         prefix = f"{module_name}." if module_name else ""
         own = dict(module.named_parameters(recurse=False))
         weight = own.get("weight")
         if weight is not None and weight.dim() == 2 and targets_of(prefix + "weight"):
-            targets = [t for _, t in targets_of(prefix + "weight")]
+            targets = [t for _, t in targets_of(prefix + "weight") if t.gguf_name not in latent_split]
+            if not targets:
+                continue
 
             def dense_hook(mod, args, kwargs, targets=targets):
                 x = _first_tensor(args, kwargs, "input", "hidden_states", "x")
@@ -213,6 +254,41 @@ def _install_hooks(model, table, runtime, accumulator: Accumulator, process_outp
             if not gate_up and not down:
                 continue
             handles.append(module.register_forward_pre_hook(_expert_hook(module, gate_up, down, accumulator), with_kwargs=True))
+    return handles
+
+
+def _latent_attention_hooks(attention, k_b: _Target | None, v_b: _Target | None, accumulator: Accumulator) -> list:
+    """llama.cpp's inputs of MLA's attn_k_b and attn_v_b on a DeepSeek-style attention module
+    (transformers' DeepseekV2/V3Attention): attn_k_b, per head, the query's first qk_nope_head_dim
+    values (the unrotated part, which llama.cpp multiplies into the latent space); attn_v_b, per head,
+    softmax(scores) x the normed latent (kv_b_proj's input), which llama.cpp multiplies back out to
+    the head's values."""
+    import torch
+
+    n_head, head_dim, nope = attention.num_heads, attention.qk_head_dim, attention.qk_nope_head_dim
+    query = attention.q_b_proj if attention.q_b_proj is not None else attention.q_proj
+    latent = []
+    handles = []
+
+    def query_hook(mod, args, output):
+        accumulator.add_per_matrix(k_b, output.detach().reshape(-1, n_head, head_dim)[..., :nope])
+
+    def latent_hook(mod, args):
+        latent.append(args[0].detach())  # (batch, 1, tokens, kv_lora_rank)
+
+    def attention_hook(mod, args, kwargs, output):
+        probabilities = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+        if probabilities is None or not latent:
+            raise ConversionError(f"{type(mod).__name__}: no attention probabilities; ggufsmith imatrix needs "
+                                  "transformers' eager attention for multi-head latent attention")
+        mixed = torch.matmul(probabilities.detach(), latent.pop())  # (batch, heads, tokens, kv_lora_rank)
+        accumulator.add_per_matrix(v_b, mixed.transpose(1, 2))
+
+    if k_b is not None:
+        handles.append(query.register_forward_hook(query_hook))
+    if v_b is not None:
+        handles.append(attention.kv_b_proj.register_forward_pre_hook(latent_hook))
+        handles.append(attention.register_forward_hook(attention_hook, with_kwargs=True))
     return handles
 
 
@@ -275,7 +351,10 @@ def compute_imatrix(
     ids, bos = tokenize_calibration(tokenizer, text)
     chunks = split_chunks(ids, chunk_size, bos, max_chunks)
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    # MLA's attn_v_b statistics need the attention probabilities, which only eager attention returns.
+    latent_attention = any(name.endswith(".attn_v_b.weight") for name in shapes)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 **({"attn_implementation": "eager"} if latent_attention else {})).eval()
     runtime = _runtime_names(model, table)
     accumulator = Accumulator()
     handles = _install_hooks(model, table, runtime, accumulator, process_output)

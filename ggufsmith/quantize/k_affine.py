@@ -43,11 +43,19 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
     """importance * sqrt(sigma2 + x^2) for x in position-major layout, sigma2 being sigma_factor
     times the mean square of the super-block."""
     sub = x.shape[0]
-    xs = position_major(rows, QK_K)  # [256, n_super]
-    sigma2 = F32(sigma_factor) * sum_from_first(xs * xs) / F32(QK_K)
-    s2 = np.repeat(sigma2, QK_K // sub)[None, :]
-    qw = importance_by_position(importance, sub, rows.shape[0])
-    return qw * np.sqrt(s2 + x * x)
+    per_super = QK_K // sub
+    squares = x * x
+    # The super-block's sum of squares in C order (sub-block j, then position i), from x's layout
+    # [i, super-block * per_super + j]: sub-block by sub-block, each continuing the running sum.
+    by_sub_block = squares.reshape(sub, -1, per_super)
+    total = sum_from_first(by_sub_block[:, :, 0])
+    for j in range(1, per_super):
+        total = sum_from_first(np.concatenate([total[None], by_sub_block[:, :, j]]))
+    sigma2 = F32(sigma_factor) * total / F32(QK_K)
+    squares += np.repeat(sigma2, per_super)[None, :]
+    np.sqrt(squares, out=squares)
+    squares *= importance_by_position(importance, sub, rows.shape[0])
+    return squares
 
 
 def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray, nmax: int) -> np.ndarray:

@@ -78,21 +78,22 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     sum_x = sum_from_first(w * x)
     low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
     flat = high == low
-    flat_min = low[flat]
-    live = ~flat  # flat blocks return early in C; their arithmetic here is discarded
+    flat_min = low[flat]  # flat blocks return early in C; their arithmetic here is discarded
 
     buf = aligned_empty(x.shape)
     tmp = aligned_empty(x.shape)
     tmp2 = aligned_empty(x.shape)
 
-    def levels_into(out, iscale, low):
-        """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32."""
+    def levels_into(out, iscale, low, span):
+        """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32; span = high - low."""
         np.subtract(x, low, out=out)
         np.multiply(out, iscale, out=out)
         # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
         # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
-        reach = np.maximum(high - low, low - lowest) * np.abs(iscale)
-        if (reach[live] <= NEAREST_INT_EXACT).all():
+        reach = np.subtract(low, lowest)
+        np.maximum(span, reach, out=reach)
+        reach *= np.abs(iscale)
+        if np.maximum.reduce(reach) <= NEAREST_INT_EXACT:  # False for NaN
             np.rint(out, out=out)
             np.clip(out, 0, fnmax, out=out)
         else:
@@ -111,35 +112,41 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         diff *= w
         return sum_from_first(diff)
 
-    iscale = fnmax / (high - low)
+    # high - low, but 1 for flat blocks: their (discarded) arithmetic then stays finite, so the
+    # check in levels_into needs no mask.
+    span = np.where(flat, F32(1), high - low)
+    iscale = fnmax / span
     scale = F32(1) / iscale
-    best_iscale, best_low = iscale, low  # what the kept levels were rounded with
-    best_error = error_of(scale, levels_into(buf, iscale, low), low)
-    if nstep >= 1:
-        for step in range(nstep + 1):
-            trial_iscale = (F32(rmin) + F32(rdelta) * F32(step) + fnmax) / (high - low)
-            trial = levels_into(buf, trial_iscale, low)
-            wl = np.multiply(w, trial, out=tmp)
-            sum_l = sum_from_first(wl)
-            sum_l2 = sum_from_first(np.multiply(wl, trial, out=tmp2))
-            sum_xl = sum_from_first(np.multiply(wl, x, out=tmp2))
-            det = sum_w * sum_l2 - sum_l * sum_l
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-            positive_min = this_min > 0
-            if positive_min.any():
-                this_min[positive_min] = 0
-                this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
-            error = error_of(this_scale, trial, this_min)
-            better = (det > 0) & (error < best_error)
-            if better.any():
-                best_iscale = np.where(better, trial_iscale, best_iscale)
-                best_low = np.where(better, low, best_low)
-                best_error = np.where(better, error, best_error)
-                scale = np.where(better, this_scale, scale)
-                low = np.where(better, this_min, low)
+    best_iscale, best_low = iscale.copy(), low.copy()  # what the kept levels were rounded with
+    best_error = error_of(scale, levels_into(buf, iscale, low, span), low)
+    stretches = [F32(rmin) + F32(rdelta) * F32(step) + fnmax for step in range(nstep + 1)] if nstep >= 1 else []
+    for stretch in stretches:
+        trial_iscale = stretch / span
+        trial = levels_into(buf, trial_iscale, low, span)
+        weighted = np.multiply(w, trial, out=tmp)
+        sum_l = sum_from_first(weighted)
+        sum_l2 = sum_from_first(np.multiply(weighted, trial, out=tmp2))
+        sum_xl = sum_from_first(np.multiply(weighted, x, out=tmp2))
+        det = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        positive_min = this_min > 0
+        if positive_min.any():
+            this_min[positive_min] = 0
+            this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
+        error = error_of(this_scale, trial, this_min)
+        better = det > 0
+        better &= error < best_error
+        if better.any():
+            np.copyto(best_iscale, trial_iscale, where=better)
+            np.copyto(best_low, low, where=better)
+            np.copyto(best_error, error, where=better)
+            np.copyto(scale, this_scale, where=better)
+            np.copyto(low, this_min, where=better)
+            np.subtract(high, low, out=span)
+            np.copyto(span, F32(1), where=flat)
 
-    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low)
+    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low, np.where(flat, F32(1), high - best_low))
     if flat.any():
         levels[:, flat] = 0
         scale = np.where(flat, F32(0), scale)

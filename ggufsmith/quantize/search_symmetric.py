@@ -14,19 +14,20 @@ import numpy as np
 
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
-    ROUNDING_MAGIC,
+    NEAREST_INT_EXACT,
     aligned_copy,
     aligned_empty,
     nearest_int,
+    scratch,
     signed_max_abs,
     sum_from_zero,
 )
 
 # Groups per tile in make_qx_quants: 16 x 4096 float32 = 256 KiB per buffer, five buffers.
 TILE_GROUPS = 4096
-# make_q3_quants' sweeps work on vectors of one value per group: longer tiles amortize the
-# ~600 numpy calls of a sweep, while 16 x 16384 float32 buffers still stay in L2.
-Q3_TILE_GROUPS = 16384
+# make_q3_quants computes its starting sums on tiles of this many groups (16 x 4096 float32 =
+# 256 KiB per array, in L2).
+Q3_TILE_GROUPS = 4096
 
 
 def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:
@@ -87,18 +88,18 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         sum_lx, sum_l2 = sums(best_iscale)
         scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
-        for step in range(-9, 10):
-            if step == 0:
-                continue
-            iscale = -(np.float32(nmax) + np.float32(0.1) * np.float32(step)) / signed_max
+        stretches = [-(np.float32(nmax) + np.float32(0.1) * np.float32(step)) for step in range(-9, 10) if step]
+        for stretch in stretches:
+            iscale = stretch / signed_max
             sum_lx, sum_l2 = sums(iscale)
-            better = (sum_l2 > 0) & (sum_lx * sum_lx > best * sum_l2)
+            better = sum_l2 > 0
+            better &= sum_lx * sum_lx > best * sum_l2
             if not better.any():
                 continue
             # ggml recomputes the levels from the winning iscale; so do we, once, at the end.
-            best_iscale = np.where(better, iscale, best_iscale)
-            scale = np.where(better, sum_lx / sum_l2, scale)
-            best = np.where(better, scale * sum_lx, best)
+            np.copyto(best_iscale, iscale, where=better)
+            np.copyto(scale, sum_lx / sum_l2, where=better)
+            np.copyto(best, scale * sum_lx, where=better)
 
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
@@ -108,109 +109,185 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
     return scale, out
 
 
-def make_q3_quants(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """ggml's make_q3_quants with do_rmse: start from -nmax/max, then up to 5 sweeps that move one
     value at a time to the level that most improves the x*x-weighted fit, keeping running sums.
 
-    x: float32[n, groups], position-major. Returns (scale float32[groups], levels uint8[n, groups]
-    in 0 .. 2*nmax-1); all-zero groups get scale 0 and levels 0, as in ggml.
+    x: float32[n, groups], position-major (for the sums in C order); by_group: the same values as
+    [groups, n] (the rows as they are). Returns (scale float32[groups], levels uint8[groups, n] in
+    0 .. 2*nmax-1, group-major like by_group); all-zero groups get scale 0 and levels 0, as in ggml.
     """
     n, n_groups = x.shape
-    amax = np.empty(n_groups, dtype=np.float32)
-    levels = np.empty((n, n_groups), dtype=np.float32)
-    sum_lx = np.empty(n_groups, dtype=np.float32)
-    sum_l2 = np.empty(n_groups, dtype=np.float32)
-    changed = np.empty(n_groups, dtype=bool)
+    amax, iscale = np.empty((2, n_groups), dtype=np.float32)
+    sum_lx, sum_l2 = np.empty((2, n_groups), dtype=np.float32)
     with np.errstate(all="ignore"):
-        # The first sweep moves values in ~20% of the groups; it runs tile by tile, from cache.
+        # The start's sums, tile by tile so that their arrays stay in cache.
         for start in range(0, n_groups, Q3_TILE_GROUPS):
             tile = slice(start, start + Q3_TILE_GROUPS)
-            amax[tile], levels[:, tile], sum_lx[tile], sum_l2[tile], changed[tile] = _q3_first_sweep(
-                np.ascontiguousarray(x[:, tile]), nmax
-            )
-        # A sweep that changes nothing leaves the state as it was, so later sweeps would change
-        # nothing either: ggml's early exit only saves time, and dropping settled groups is exact.
-        # The later sweeps run on the unsettled groups of all tiles together: they are few, and a
-        # sweep costs ~400 numpy calls whatever its size.
-        active = np.flatnonzero(changed)
-        for _ in range(4):
-            if active.size == 0:
-                break
-            x_sub, levels_sub = np.take(x, active, axis=1), np.take(levels, active, axis=1)
-            lx_sub, l2_sub = sum_lx[active], sum_l2[active]
-            weights_sub = x_sub * x_sub
-            changed = _q3_sweep(x_sub, weights_sub, weights_sub * x_sub, levels_sub, lx_sub, l2_sub, nmax)
-            levels[:, active], sum_lx[active], sum_l2[active] = levels_sub, lx_sub, l2_sub
-            active = active[changed]
+            shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
+            x_tile = scratch("q3.x", shape)
+            x_tile[...] = x[:, tile]
+            amax[tile], signed_max = signed_max_abs(x_tile, finite=True)  # the registry checked it
+            iscale[tile] = np.float32(-nmax) / signed_max
+            start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
+            terms = np.multiply(x_tile, x_tile, out=scratch("q3.terms", shape))
+            terms *= x_tile
+            terms *= start_levels
+            sum_lx[tile] = sum_from_zero(terms)
+            np.multiply(x_tile, x_tile, out=terms)
+            terms *= start_levels
+            terms *= start_levels
+            sum_l2[tile] = sum_from_zero(terms)
+        # The same start levels, group-major (elementwise: the same values).
+        levels = _clamped_levels(iscale[:, None], by_group, nmax, finite=True, out=scratch("q3.levels", by_group.shape))
+        # Only groups whose largest value is negative can move (see _Q3Moves).
+        can_move = np.flatnonzero(iscale > 0)
+        if can_move.size:
+            _Q3Moves(by_group, levels, can_move, sum_lx, sum_l2, nmax).run(levels, sum_lx, sum_l2)
 
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
         scale[all_zero] = 0
-        out = (levels + np.float32(nmax)).astype(np.uint8)
-    out[:, all_zero] = 0
+        levels += np.float32(nmax)
+        out = levels.astype(np.uint8)
+    out[all_zero] = 0
     return scale, out
 
 
-def _q3_first_sweep(x: np.ndarray, nmax: int):
-    """Start values (levels from -nmax/max, their sums) and the first sweep, for one tile of groups.
-    Returns (amax, levels, sum_lx, sum_l2, changed). All-zero groups are swept too (cheaper than
-    skipping them); the caller resets them."""
-    amax, signed_max = signed_max_abs(x, finite=True)  # quantized data: the registry checked it
-    iscale = np.float32(-nmax) / signed_max
-    levels = _clamped_levels(iscale, x, nmax, finite=True)
-    weights = x * x
-    weighted_x = weights * x
-    sum_lx = sum_from_zero(weighted_x * levels)
-    sum_l2 = sum_from_zero(weights * levels * levels)
-    changed = _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax)
-    return amax, levels, sum_lx, sum_l2, changed
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """For sorted keys, True where a run of equal keys starts."""
+    first = np.empty(keys.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return first
 
 
-def _q3_sweep(x, weights, weighted_x, levels, sum_lx, sum_l2, nmax: int) -> np.ndarray:
-    """One sweep of make_q3_quants over every group given, updating levels and the running sums in
-    place; returns which groups changed.
+class _Q3Moves:
+    """make_q3_quants' sweeps, for the groups that can move.
 
-    For each position the proposed level is computed for all groups in preallocated buffers; only
-    ~2% of groups propose a different level, so the acceptance test and the updates run on those
-    alone."""
-    n, n_groups = x.shape
-    slx, sl2, new, t1 = np.empty((4, n_groups), dtype=np.float32)
-    movable = np.empty(n_groups, dtype=bool)
-    test = np.empty(n_groups, dtype=bool)
-    changed = np.zeros(n_groups, dtype=bool)
-    t1_bits = t1.view(np.int32)
-    for i in range(n):
-        old = levels[i]
-        # slx = sumlx - w*x*L; sl2 = suml2 - w*L*L
-        np.multiply(weighted_x[i], old, out=t1)
-        np.subtract(sum_lx, t1, out=slx)
-        np.multiply(weights[i], old, out=t1)
-        t1 *= old
-        np.subtract(sum_l2, t1, out=sl2)
-        # new = clamp(nearest_int(x * sl2 / slx)), nearest_int through the float32 magic add
-        np.multiply(x[i], sl2, out=t1)
-        t1 /= slx
-        t1 += ROUNDING_MAGIC
-        t1_bits &= 0x007FFFFF
-        t1_bits -= 0x00400000
-        np.copyto(new, t1_bits, casting="unsafe")
-        np.clip(new, -nmax, nmax - 1, out=new)
-        # ggml only considers the move if slx > 0 and the level differs
-        np.greater(slx, 0, out=movable)
-        np.not_equal(new, old, out=test)
-        movable &= test
-        candidates = np.flatnonzero(movable)
-        if candidates.size == 0:
-            continue
-        level = new[candidates]
-        run_lx, run_l2 = sum_lx[candidates], sum_l2[candidates]
-        new_lx = slx[candidates] + weighted_x[i, candidates] * level
-        new_l2 = sl2[candidates] + weights[i, candidates] * level * level
-        # accept if new_l2 > 0 and new_lx^2 * suml2 > sumlx^2 * new_l2
-        accept = (new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2)
-        accepted = candidates[accept]
-        levels[i, accepted] = level[accept]
-        sum_lx[accepted] = new_lx[accept]
-        sum_l2[accepted] = new_l2[accept]
-        changed[accepted] = True
-    return changed
+    In ggml, position i of a sweep computes slx = sumlx - w*x*L and, only if slx > 0, proposes a
+    new level and accepts it if it improves the fit. The terms w*x*L of a group all have the sign
+    of its iscale = -nmax/max (L rounds iscale * x), so for a group whose largest value is positive
+    every term is <= 0, their float sum is <= each of them, and slx = sumlx - w*x*L is never > 0:
+    nothing moves, its first sweep ends it. Only groups with a negative largest value get here.
+
+    A group's state (levels, the two running sums) only changes when a move is accepted, which is
+    rare. So rather than stepping through the 16 positions of a sweep with ~25 small numpy calls
+    each, each round computes, for every group still here, the move ggml would propose and whether
+    it would accept it at every position from the current state, and applies each group's first
+    accepted move in ggml's order: the positions before it in the sweep were computed from the same
+    state, so they are what ggml computed there too. A group with no accepted move ahead ends its
+    sweep; if the sweep moved something (and sweeps remain) the next sweep starts from the same
+    state at position 0, so its first move is the group's first accepted move anywhere; otherwise
+    the group is settled and leaves.
+
+    The per-position state is four group-major fields, [4, groups, n]: x, L, and the terms w*x*L
+    and w*L*L as ggml adds and removes them (kept as computed, so that they are removed bit for
+    bit). Leaving groups are dropped by taking whole rows into the other of two buffers.
+    """
+
+    SWEEPS = 5
+    X, LEVELS, TERMS_LX, TERMS_L2 = range(4)
+
+    def __init__(self, by_group, start_levels, ids, sum_lx, sum_l2, nmax):
+        n_groups, n = ids.size, by_group.shape[1]
+        self.n, self.nmax, self.parity = n, nmax, 0
+        self.state = scratch("q3.state.0", (4, n_groups, n))
+        x, levels, terms_lx, terms_l2 = self.state
+        np.take(by_group, ids, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
+        np.take(start_levels, ids, axis=0, out=levels, mode="clip")
+        np.multiply(x, x, out=terms_lx)
+        terms_lx *= x
+        terms_lx *= levels
+        np.multiply(x, x, out=terms_l2)
+        terms_l2 *= levels
+        terms_l2 *= levels
+        self.ids, self.sum_lx, self.sum_l2 = ids, sum_lx[ids], sum_l2[ids]
+        self.sweep = np.zeros(n_groups, dtype=np.int8)  # 0..4
+        self.resume = np.zeros(n_groups, dtype=np.int8)  # where the sweep continues
+        self.moved = np.zeros(n_groups, dtype=bool)  # in this sweep
+        self.ever_moved = np.zeros(n_groups, dtype=bool)
+
+    def run(self, levels: np.ndarray, sum_lx: np.ndarray, sum_l2: np.ndarray) -> None:
+        """Rounds until every group is settled; the levels ([all groups, n]) and sums of the
+        groups that moved are written back."""
+        while self.ids.size:
+            moving = self._round()
+            settled = np.ones(self.ids.size, dtype=bool)
+            settled[moving] = False
+            settled &= self.ever_moved
+            if settled.any():
+                ids = self.ids[settled]
+                levels[ids] = self.state[self.LEVELS, settled]
+                sum_lx[ids] = self.sum_lx[settled]
+                sum_l2[ids] = self.sum_l2[settled]
+            self.parity ^= 1
+            kept = scratch(f"q3.state.{self.parity}", (4, moving.size, self.n))
+            self.state = np.take(self.state, moving, axis=1, out=kept, mode="clip")
+            for name in ("ids", "sum_lx", "sum_l2", "sweep", "resume", "moved", "ever_moved"):
+                setattr(self, name, getattr(self, name)[moving])
+
+    def _round(self) -> np.ndarray:
+        """Apply each group's next move; returns the groups (rows) that moved."""
+        state = self.state
+        sum_lx, sum_l2, sweep, resume, moved = self.sum_lx, self.sum_l2, self.sweep, self.resume, self.moved
+        n_groups, n = sum_lx.size, self.n
+        shape = (n_groups, n)
+        slx = np.subtract(sum_lx[:, None], state[self.TERMS_LX], out=scratch("q3.slx", shape))
+        sl2 = np.subtract(sum_l2[:, None], state[self.TERMS_L2], out=scratch("q3.sl2", shape))
+        # ggml: if slx > 0, new = clamp(nearest_int(x * sl2 / slx)); considered if new != L
+        proposal = np.multiply(state[self.X], sl2, out=scratch("q3.proposal", shape))
+        proposal /= slx
+        round_clamped(proposal, self.nmax)
+        considered = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.considered", shape, bool))
+        considered &= np.greater(slx, 0, out=scratch("q3.positive", shape, bool))
+        flat = np.flatnonzero(considered)  # ordered by group, then position
+        row, position = np.divmod(flat, n)
+        # ggml: slx += w*x*new; sl2 += w*new*new; accept if sl2 > 0 && slx^2 * suml2 > sumlx^2 * sl2
+        x = state[self.X].reshape(-1)[flat]
+        weight = x * x
+        level = proposal.reshape(-1)[flat]
+        term_lx = weight * x
+        term_lx *= level
+        term_l2 = weight * level
+        term_l2 *= level
+        new_lx = slx.reshape(-1)[flat] + term_lx
+        new_l2 = sl2.reshape(-1)[flat] + term_l2
+        run_lx, run_l2 = sum_lx[row], sum_l2[row]
+        accepted = np.flatnonzero((new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2))
+        a_row, a_position = row[accepted], position[accepted]
+
+        choice = np.full(n_groups, -1, dtype=np.intp)  # index into `accepted` of each group's move
+        ahead = np.flatnonzero(a_position >= resume[a_row])
+        first = _first_of_runs(a_row[ahead])
+        choice[a_row[ahead[first]]] = ahead[first]
+        next_sweep = (choice < 0) & moved & (sweep < self.SWEEPS - 1)
+        first = np.flatnonzero(_first_of_runs(a_row))
+        starts_sweep = next_sweep[a_row[first]]
+        choice[a_row[first[starts_sweep]]] = first[starts_sweep]
+        sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
+
+        moving = np.flatnonzero(choice >= 0)
+        chosen = accepted[choice[moving]]
+        at = position[chosen]
+        state[self.LEVELS, moving, at] = level[chosen]
+        state[self.TERMS_LX, moving, at] = term_lx[chosen]
+        state[self.TERMS_L2, moving, at] = term_l2[chosen]
+        sum_lx[moving] = new_lx[chosen]
+        sum_l2[moving] = new_l2[chosen]
+        resume[moving] = at + 1
+        moved[moving] = True
+        self.ever_moved[moving] = True
+        return moving
+
+
+def round_clamped(values: np.ndarray, nmax: int) -> None:
+    """values = clamp(nearest_int(values), -nmax, nmax - 1) in place, as float32. np.rint is
+    nearest_int when every value is within its exact range; otherwise (slx near 0 gives huge
+    values, NaN or Inf) the bit-level emulation, which wraps as C does."""
+    top = np.maximum(np.max(values), -np.min(values)) if values.size else 0  # NaN wins
+    if top <= NEAREST_INT_EXACT:  # False for NaN
+        np.rint(values, out=values)
+    else:
+        values[...] = nearest_int(values)
+    np.clip(values, -nmax, nmax - 1, out=values)

@@ -4,7 +4,9 @@ Weights are found the way Hugging Face saves them, in this order of preference:
   model.safetensors.index.json + shards, model.safetensors,
   pytorch_model.bin.index.json + shards, pytorch_model.bin.
 Tensors come in the order of their files (sorted by name, as llama.cpp's converter reads them)
-and, within a file, in the file's own order.
+and, within a .safetensors file, sorted by name as llama.cpp's converter lists them (the file
+itself orders its data by dtype first); within a .bin file, in the file's own order. Weights of a pre-quantized release (FP8, ...) come
+dequantized (readers/prequantized.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.prequantized import dequantize_checkpoint
 from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
 
@@ -59,7 +62,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
             if path.suffix == ".safetensors":
                 st = SafetensorsFile(path)
                 checkpoint._open_files.append(st)
-                part = st.tensors
+                part = dict(sorted(st.tensors.items()))
             else:
                 from ggufsmith.readers.torch_bin import read_torch_bin
 
@@ -72,6 +75,8 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
                 file_of[name] = path
         if weight_map is not None:
             _check_index(model_dir, weight_map, file_of)
+        # FP8 and other pre-quantized releases: their weights as float32, their scales consumed
+        checkpoint.tensors = dequantize_checkpoint(checkpoint.tensors, config)
     except BaseException:
         checkpoint.close()
         raise

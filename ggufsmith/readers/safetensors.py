@@ -38,12 +38,14 @@ from ggufsmith.readers.jsonfile import parse_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import RowSlicedTensor
 
 # safetensors dtype name -> numpy dtype of its stored bytes (little-endian). The format knows more
-# (F8_*, F4, U16...): ggufsmith refuses those by name.
+# (F4, U16...): ggufsmith refuses those by name.
 STORAGE_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"),
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),  # widened to float32 on load
+    "F8_E4M3": np.dtype("u1"),  # decoded to float32 on load (readers/prequantized.py applies the scales)
+    "F8_E5M2": np.dtype("u1"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"),
@@ -65,6 +67,30 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     out = np.empty(bits.shape, dtype=np.uint32)
     np.left_shift(bits, 16, out=out, dtype=np.uint32)
     return out.view(np.float32)
+
+
+def _float8_table(exponent_bits: int, mantissa_bits: int, *, has_infinity: bool) -> np.ndarray:
+    """The float32 value of each of the 256 bytes of an 8-bit float (exact: float32 holds them all).
+    E4M3 ("fn": finite, NaN only at S.1111.111) and E5M2 (IEEE-like: infinities and NaNs)."""
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
+    mantissa = codes & ((1 << mantissa_bits) - 1)
+    bias = (1 << (exponent_bits - 1)) - 1
+    fraction = mantissa / (1 << mantissa_bits)
+    values = np.where(exponent == 0, fraction * 2.0 ** (1 - bias), (1 + fraction) * 2.0 ** (exponent - bias)) * sign
+    top = exponent == (1 << exponent_bits) - 1
+    if has_infinity:
+        values = np.where(top, np.where(mantissa == 0, sign * np.inf, np.nan), values)
+    else:
+        values = np.where(top & (mantissa == (1 << mantissa_bits) - 1), np.nan, values)
+    return values.astype(np.float32)
+
+
+_E4M3 = _float8_table(4, 3, has_infinity=False)
+_E5M2 = _float8_table(5, 2, has_infinity=True)
+# Stored types decoded to float32 when loaded.
+WIDEN = {"BF16": bf16_bits_to_f32, "F8_E4M3": lambda codes: _E4M3[codes], "F8_E5M2": lambda codes: _E5M2[codes]}
 
 
 @dataclass(frozen=True)
@@ -167,7 +193,7 @@ class SafetensorsFile:
         storage = STORAGE_DTYPES[layout.dtype_name]
         shape, start, n_elements = layout.shape, layout.start, layout.n_elements
         row_length = shape[-1] if shape else 1
-        widen_on_load = bf16_bits_to_f32 if layout.dtype_name == "BF16" else np.copy
+        widen_on_load = WIDEN.get(layout.dtype_name, np.copy)
 
         def load_rows(first: int, stop: int, widen=widen_on_load) -> np.ndarray:
             rows = stop - first
@@ -179,7 +205,7 @@ class SafetensorsFile:
 
         def load() -> np.ndarray:
             if not n_elements:
-                return np.zeros(shape, np.float32 if layout.dtype_name == "BF16" else storage)
+                return np.zeros(shape, np.float32 if layout.dtype_name in WIDEN else storage)
             return load_rows(0, n_elements // row_length).reshape(shape)
 
         return RowSlicedTensor(shape, layout.dtype_name, load, f"{self.path.name}:{layout.name}", load_rows,
