@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
 
-# Max over the prompt. Measured: f32 4e-6 to 6e-6; f16 1e-2; q8_0 0.2 (dense) and 2.2 (moe): in the MoE
+# Max over the prompt. Measured: f32 4e-6; f16 6e-3 to 8e-3; q8_0 0.2 (dense) and 2.1 (moe): in the MoE
 # model q8_0's rounding flips the expert choice at a few positions (per position the error is about
 # 0.1 but for spikes of 0.5 to 2.2 at three of 63), so q8_0 is also held to a median (Q8_MEDIAN).
 TOLERANCE = {"f32": 1e-3, "f16": 0.05, "q8_0": 3.0}
