@@ -40,6 +40,9 @@ RECURRENT = "n_head_kv == 0 and n_ff == 0"
 ATTENTION = "n_head_kv > 0"
 FEED_FORWARD = "n_ff > 0"
 MTP_PREFIX = "mtp."
+MAMBA_NAMES = {"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",), "n_groups": ("n_groups", "mamba_n_groups"),
+               "d_state": ("ssm_state_size",), "d_conv": ("conv_kernel", "mamba_d_conv"),
+               "proj_bias": ("mamba_proj_bias", "use_bias")}
 # transformers 5 loads the published "backbone." checkpoints as "model." (and may save them so)
 PREFIXES = ("backbone.", "model.")
 
@@ -137,10 +140,7 @@ class NemotronH(Architecture):
             self.expert_keys(keys)
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.Rope.DIMENSION_COUNT, head_dim)  # unused (no rope), as llama.cpp's converter writes it
-        mamba2_keys(keys, c, names={"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",),
-                                    "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",),
-                                    "d_conv": ("conv_kernel", "mamba_d_conv"), "proj_bias": ("mamba_proj_bias", "use_bias")},
-                    inner_from_heads=True)
+        mamba2_keys(keys, c, names=MAMBA_NAMES, inner_from_heads=True)
         keys.bool(Keys.Rope.SCALING_FINETUNED, False)
         keys.u32(Keys.Attention.KEY_LENGTH, head_dim)
         keys.u32(Keys.Attention.VALUE_LENGTH, head_dim)
