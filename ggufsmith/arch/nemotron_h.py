@@ -41,8 +41,8 @@ ATTENTION = "n_head_kv > 0"
 FEED_FORWARD = "n_ff > 0"
 MTP_PREFIX = "mtp."
 MAMBA_NAMES = {"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",),
-               "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",), "d_conv": ("conv_kernel", "mamba_d_conv"),
-               "proj_bias": ("mamba_proj_bias", "use_bias")}
+               "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",),
+               "d_conv": ("conv_kernel", "mamba_d_conv"), "proj_bias": ("mamba_proj_bias", "use_bias")}
 # transformers 5 loads the published "backbone." checkpoints as "model." (and may save them so)
 PREFIXES = ("backbone.", "model.")
 
