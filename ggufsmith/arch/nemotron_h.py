@@ -18,11 +18,10 @@ Multi-token-prediction layers (`mtp.*`) are left out with a notice (their export
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import ROUTER, attention, in_block
 from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where
 from ggufsmith.arch.rope import rotary_halves_to_pairs
@@ -32,14 +31,12 @@ from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-log = logging.getLogger(__name__)
 
 # One letter per layer kind, as hybrid_override_pattern writes them; the names of layers_block_type.
 KIND_OF_NAME = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-", "moe": "E"}
 RECURRENT = "n_head_kv == 0 and n_ff == 0"
 ATTENTION = "n_head_kv > 0"
 FEED_FORWARD = "n_ff > 0"
-MTP_PREFIX = "mtp."
 MAMBA_NAMES = {"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",),
                "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",),
                "d_conv": ("conv_kernel", "mamba_d_conv"), "proj_bias": ("mamba_proj_bias", "use_bias")}
@@ -171,11 +168,7 @@ class NemotronH(Architecture):
         return mamba2_transform(name, tensor, self.n_group)
 
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        mtp = [name for name in source if name.startswith(MTP_PREFIX)]
-        if mtp:
-            log.warning("%s: left out %d multi-token-prediction tensors (%s*); their export is not supported yet",
-                        self.config.path, len(mtp), MTP_PREFIX)
-        return super().map_tensors({name: t for name, t in source.items() if not name.startswith(MTP_PREFIX)})
+        return super().map_tensors(without_mtp(source, self.config.path))
 
 
 class NemotronHMoe(NemotronH):
