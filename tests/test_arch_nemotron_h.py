@@ -150,3 +150,21 @@ def test_same_file_as_convert_hf_to_gguf(models, converted, tmp_path, name, outt
         model_dir = _config_json_only(model_dir, tmp_path)
     theirs = reference_convert(model_dir, tmp_path / f"reference-{outtype}.gguf", outtype, pre="qwen2")
     assert_same_file(converted(name, outtype), theirs, dict(EXPLICIT_SPECIAL_IDS), ulps_apart={r"blk\.\d+\.ssm_a": 1})
+
+
+def test_mtp_layers_left_out_with_a_notice(models, converted, tmp_path, caplog):
+    """A checkpoint with a multi-token-prediction head (mtp.*, as Nemotron 3 ships it) converts to
+    the same tensors as without it, with one notice naming them."""
+    from safetensors.numpy import load_file, save_file
+
+    model_dir = tmp_path / "moe"
+    model_dir.mkdir()
+    for f in models["moe"][0].iterdir():
+        (model_dir / f.name).write_bytes(f.read_bytes())
+    weights = load_file(model_dir / "model.safetensors")
+    weights["mtp.layers.0.enorm.weight"] = np.ones(64, dtype=np.float32)
+    weights["mtp.layers.0.eh_proj.weight"] = np.ones((64, 128), dtype=np.float32)
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    ggufsmith.convert(model_dir, tmp_path / "mtp.gguf", outtype="f32")
+    assert "left out 2 multi-token-prediction tensors (mtp.*)" in caplog.text
+    assert gguf_contents(tmp_path / "mtp.gguf")[1] == gguf_contents(converted("moe", "f32"))[1]
