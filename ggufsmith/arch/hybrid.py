@@ -53,6 +53,34 @@ def negative_exp(tensor: LazyTensor) -> LazyTensor:
     return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
 
 
+def mamba1_mixer(prefix: str) -> dict[str, T]:
+    """The (first) Mamba mixer of one block (relative HF names under `prefix`): per channel A and D,
+    dt from a low-rank projection. Layout changes: mamba1_transform."""
+    return {
+        prefix + "in_proj.weight": T("ssm_in.weight", "2 * d_inner", "n_embd"),
+        prefix + "conv1d.weight": T("ssm_conv1d.weight", "d_inner", "d_conv"),
+        prefix + "conv1d.bias": T("ssm_conv1d.bias", "d_inner"),
+        prefix + "x_proj.weight": T("ssm_x.weight", "dt_rank + 2 * d_state", "d_inner"),
+        prefix + "dt_proj.weight": T("ssm_dt.weight", "d_inner", "dt_rank"),
+        prefix + "dt_proj.bias": T("ssm_dt.bias", "d_inner"),
+        prefix + "A_log": T("ssm_a", "d_inner", "d_state"),  # llama.cpp names these two without ".weight"
+        prefix + "D": T("ssm_d", "d_inner"),
+        prefix + "out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
+    }
+
+
+MAMBA1_F32 = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
+
+
+def mamba1_transform(name: str, tensor: LazyTensor) -> LazyTensor:
+    """A = -exp(A_log); the depthwise conv's (d_inner, 1, d_conv) as llama.cpp's {d_conv, d_inner}."""
+    if name.endswith(".ssm_a"):
+        return negative_exp(tensor)
+    if name.endswith(".ssm_conv1d.weight"):
+        return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+    return tensor
+
+
 def mamba2_mixer(prefix: str, *, conv_bias: str = "required", norm: str = "required") -> dict[str, T]:
     """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias, norm: "required"
     or "optional" (llama.cpp's hybrids load the model without the conv bias; Falcon-H1 without the
