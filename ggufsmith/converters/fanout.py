@@ -11,7 +11,8 @@ and writes all their files in one pass over the source tensors. `convert` is the
   an f16 file last) waits in a spill file: in memory up to SPILL_MEMORY, then on disk beside the
   output in an anonymous temporary file (nothing is left behind, even after a kill).
 - Any error ends every file of the source: writers delete their temporary files, no target is
-  touched. Each file still appears only once complete (the writer renames its temporary file).
+  touched. The files are renamed onto their targets only once every one of them is complete (the
+  parts of a split model appear together, or none does).
 """
 
 from __future__ import annotations
@@ -105,10 +106,25 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
             sink.close(abort=not finished)
         quantizer.close()
         bar.close()
-    for sink in sinks:
-        if sink.error is not None:
-            raise sink.error
+        errors = [sink.error for sink in sinks if sink.error is not None]
+        if not finished or errors:
+            for sink in sinks:
+                sink.writer.abort()
+    if errors:
+        raise errors[0]
+    _commit_all(sinks)
     return [sink.path for sink in sinks]
+
+
+def _commit_all(sinks: list[_Sink]) -> None:
+    """Every file is complete: rename them all onto their targets (the parts of a split model, the
+    files of a batch appear together). A failed rename deletes the temporary files not yet renamed."""
+    try:
+        for sink in sinks:
+            sink.writer.commit()
+    finally:
+        for sink in sinks:
+            sink.writer.abort()  # a no-op for the committed ones
 
 
 def _groups(jobs: list[tuple[ConversionPlan, Path]]) -> list[tuple[str, list[tuple[int, PlannedTensor]]]]:
@@ -234,7 +250,7 @@ class _Sink:
         try:
             for name in self.order:
                 self.writer.write_tensor_pieces(name, self._pieces())
-            self.writer.finish()
+            self.writer.finish(commit=False)  # renamed by write_plans once every file is complete
         except _Aborted:
             self.writer.abort()
         except BaseException as e:  # noqa: BLE001 - handed to the producer's thread
