@@ -234,7 +234,7 @@ def quantize_args(options: dict[str, Any]):
         output_tensor_type=type_or_none("output_tensor_type"), token_embedding_type=type_or_none("token_embedding_type"),
         leave_output_tensor=bool(options.get("leave_output_tensor", False)),
         tensor_type=[tensor_type_arg(text) for text in options.get("tensor_types", [])],
-        override_kv=list(options.get("override_kv", [])),
+        override_kv=list(options.get("override_kv", [])), prune_layers=[],
     )
 
 
