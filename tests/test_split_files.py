@@ -9,6 +9,7 @@ itself is not shipped by llama-cpp-python); merging our parts must give back the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -150,9 +151,14 @@ def test_split_writes_the_parts_gguf_py_writes(single, tmp_path, option, limits)
 def test_files_split_by_gguf_py_are_read_inspected_and_requantized(single, tmp_path):
     (tmp_path / "theirs").mkdir()
     parts = gguf_py_split(single, tmp_path / "theirs" / "m.gguf", split_max_tensors=6)
+    # inspect, given the first part, reports the whole model: the single file's totals
     proc = run_cli("inspect", parts[0], "--json")
     assert proc.returncode == 0, proc.stderr
-    assert '"split.count"' in proc.stdout
+    report, whole = json.loads(proc.stdout), json.loads(run_cli("inspect", single, "--json").stdout)
+    assert report["split"]["count"] == len(parts) and report["split"]["warnings"] == []
+    assert report["split"]["totals"] == {"tensors": len(whole["tensors"]), "parameters": whole["totals"]["parameters"],
+                                         "tensor_bytes": whole["totals"]["tensor_bytes"]}
+    assert [p["file"] for p in report["split"]["parts"]] == [p.name for p in parts]
     ggufsmith.quantize_gguf(single, tmp_path / "from-single.gguf", "Q8_0")
     proc = run_cli("quantize", parts[0], tmp_path / "from-parts.gguf", "Q8_0", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -184,3 +190,13 @@ def test_split_of_a_split_model_resplits_it(single, tmp_path):
     assert max(tensor_counts(parts_of(tmp_path, "b"))) == 10
     ggufsmith.merge_gguf(parts_of(tmp_path, "b")[0], tmp_path / "merged.gguf")
     assert (tmp_path / "merged.gguf").read_bytes() == single.read_bytes()
+
+
+def test_inspect_warns_of_a_missing_part(single, tmp_path):
+    ggufsmith.split_gguf(single, tmp_path / "m", SplitRule(max_tensors=10))
+    parts = parts_of(tmp_path, "m")
+    parts[2].unlink()
+    proc = run_cli("inspect", parts[0])
+    assert proc.returncode == 0, proc.stderr
+    assert f"part {parts[2].name} cannot be read" in proc.stdout
+    assert f"split model: part 1 of {len(parts)}" in proc.stdout
