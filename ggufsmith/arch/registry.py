@@ -19,7 +19,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "qwen_moe", "deepseek", "glm_moe", "hunyuan", "dots1", "llama4",
     "phi3", "glm4", "minimax", "exaone4", "mistral3", "apertus",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
-    "mamba", "rwkv", "whisper",
+    "mamba", "qwen_hybrid", "rwkv", "whisper",
     "bert",
 )
 
