@@ -91,3 +91,23 @@ def test_damaged_split(split_model, tmp_path, damage):
     assert {p.name for p in out.iterdir()} == existing, "a part was written"
     assert leftovers(out) == [] and leftovers(inputs) == []
     assert {p.name: p.read_bytes() for p in inputs.iterdir()} == before, "an input was changed"
+
+
+def test_too_many_parts_for_the_open_file_limit_is_one_line(tmp_path):
+    def limit_open_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+    proc = run_cli("convert", EXAMPLE_MODEL, tmp_path / "tiny.gguf", "--split-max-tensors", "1",
+                   preexec_fn=limit_open_files)
+    assert_clean_failure(proc, "ulimit -n", None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_open_file_limit_is_raised_when_it_can_be(tmp_path):
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (60, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    proc = run_cli("convert", EXAMPLE_MODEL, tmp_path / "tiny.gguf", "--split-max-tensors", "1", "-q",
+                   preexec_fn=low_soft_limit)
+    assert proc.returncode == 0, proc.stderr
+    assert len(list(tmp_path.glob("tiny-*-of-00039.gguf"))) == 39

@@ -18,6 +18,7 @@ and writes all their files in one pass over the source tensors. `convert` is the
 from __future__ import annotations
 
 import queue
+import resource
 import sys
 import tempfile
 import threading
@@ -32,6 +33,7 @@ from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, Keys
 from ggufsmith.converters import pipeline
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.workers import Quantizer, lookahead_bytes, resolve_workers
+from ggufsmith.errors import OutputError
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from ggufsmith.quantize.presets import llama_tensor_order
 from ggufsmith.readers.gguf_source import GGUFTensor
@@ -42,6 +44,8 @@ SPILL_MEMORY = 64 << 20
 # Pieces queued for one writer thread: bounds what a slow writer holds back.
 QUEUE_PIECES = 4
 _READ_CHUNK = 16 << 20
+# Descriptors left for the inputs (memory-mapped checkpoint files, the importance matrix, spill files).
+FD_MARGIN = 256
 
 _END = object()  # a tensor's last piece was sent
 _ABORT = object()  # the producer failed: give up the file
@@ -75,6 +79,7 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
                 on_bytes(n)
 
     workers = resolve_workers(threads)
+    _enough_file_descriptors(len(jobs), Path(jobs[0][1]))
     inputs = tuple(inputs)
     sinks = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufsmith-convert")
@@ -114,6 +119,21 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
         raise errors[0]
     _commit_all(sinks)
     return [sink.path for sink in sinks]
+
+
+def _enough_file_descriptors(n_files: int, first: Path) -> None:
+    """Every file is open until all are complete (two descriptors each: data and lock), as gguf-py's
+    split writer keeps its shards open: raise the soft limit if needed, else refuse in one line
+    rather than fail midway with "too many open files"."""
+    needed = 2 * n_files + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise OutputError(f"{first}: {n_files} files written at once need {needed} open files, above this process's "
+                      f"limit of {hard} (ulimit -n); write fewer parts (a larger --split-max-size or --split-max-tensors)")
 
 
 def _commit_all(sinks: list[_Sink]) -> None:
