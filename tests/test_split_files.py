@@ -204,3 +204,10 @@ def test_inspect_warns_of_a_missing_part(single, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert f"part {parts[2].name} cannot be read" in proc.stdout
     assert f"split model: part 1 of {len(parts)}" in proc.stdout
+
+
+def test_split_dry_run_names_the_parts_and_writes_nothing(single, tmp_path):
+    proc = run_cli("split", single, tmp_path / "m", "--split-max-tensors", "10", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "would write 4 parts" in proc.stderr and "m-00004-of-00004.gguf" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -69,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
                    strict_tokenizer=args.strict_tokenizer, threads=args.threads or None, split=split_rule(args))
     if args.dry_run:
         print(plan.describe())
-        print_summary(plan, args.dst, dry_run=True)
+        print_summary(plan, args.dst, dry_run=True, split=split_rule(args))
     elif not args.quiet:
         for t in plan.fallbacks:
             print(f"ggufsmith: {t.name}: {t.note}", file=sys.stderr)
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
-        print_summary(plan, args.dst, dry_run=False)
+        print_summary(plan, args.dst, dry_run=False, split=split_rule(args))
     return 0
 
 

@@ -139,9 +139,14 @@ def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool 
     )
 
 
-def print_summary(plan, dst: str, dry_run: bool) -> None:
+def print_summary(plan, dst: str, dry_run: bool, split=None) -> None:
+    from ggufsmith.converters.split import split_plan
+
     print(plan.type_summary(), file=sys.stderr)
     verb = "would write" if dry_run else "wrote"
+    parts = split_plan(plan, dst, split) if split is not None and split.active else []
+    if len(parts) > 1:
+        dst = f"{len(parts)} parts {parts[0][0]} ... {parts[-1][0].name}"
     print(f"{verb} {dst}: {len(plan.tensors)} tensors, {plan.total_bytes / 2**20:.2f} MiB of tensor data, "
           f"{plan.bits_per_weight:.2f} bits per weight, {plan.arch_name}, {plan.outtype}", file=sys.stderr)
 
@@ -174,5 +179,5 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:
-        print_summary(plan, args.dst, args.dry_run)
+        print_summary(plan, args.dst, args.dry_run, None if args.keep_split else split_rule(args))
     return 0
