@@ -23,8 +23,9 @@ from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.readers.gguf_source import GGUFTensor
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
+from ggufsmith.readers.lazy_tensor import EncodedTensor
+from ggufsmith.converters.plan import (ConversionPlan, PlannedTensor, file_type_with_stored, is_preset_outtype, outtype_of,
+                                      plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
@@ -81,6 +82,7 @@ def make_plan(
     plugin.read_scalars(checkpoint.tensors)  # the few numbers some plugins write as keys (before metadata())
     mapped = plugin.map_tensors(checkpoint.tensors)
     planned = [plan_tensor(m.name, m.sources, m.tensor, target, plugin) for m in mapped]
+    file_type = file_type_with_stored(file_type, planned)
 
     params = count_parameters([(t.name, t.shape) for t in planned])
     metadata = Metadata()
@@ -109,7 +111,7 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
-    if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
+    if isinstance(tensor, EncodedTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
         return
