@@ -112,7 +112,7 @@ def part_plans(plan: ConversionPlan, dst: str | Path, parts: list[list[PlannedTe
     model_keys = without_split_keys(plan.metadata)
     jobs = []
     for index, (path, tensors) in enumerate(zip(part_paths(dst, len(parts)), parts)):
-        metadata = without_split_keys(model_keys) if index == 0 else Metadata()
+        metadata = model_keys if index == 0 else Metadata()
         metadata.add(Keys.Split.NO, index, GGUFValueType.UINT16)
         metadata.add(Keys.Split.COUNT, len(parts), GGUFValueType.UINT16)
         metadata.add(Keys.Split.TENSORS_COUNT, n_tensors, GGUFValueType.INT32)
