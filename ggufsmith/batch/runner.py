@@ -19,6 +19,7 @@ from typing import Any
 from ggufsmith.batch.plan import SourceSpec, quantize_args
 from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
+from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.errors import BatchError, one_line
 
 G = Keys.General
@@ -113,18 +114,25 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
                 inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
                 total = max(1, sum(plans[o].total_bytes for o in todo))
                 on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
-                write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes, inputs=inputs,
-                            threads=threads)
+                rule = SplitRule(spec.split_max_size, spec.split_max_tensors)
+                parts = {o: split_plan(plans[o], files[o], rule) for o in todo}
+                write_plans([(part, part_path) for o in todo for part_path, part in parts[o]], progress=False,
+                            on_bytes=on_bytes, inputs=inputs, threads=threads)
         seconds = time.monotonic() - started
         results = []
         for outtype in spec.outtypes:
-            path, plan = files[outtype], plans[outtype]
-            record = None if outtype in todo else state.records().get(path.name)
+            name, plan = files[outtype].name, plans[outtype]
+            record = None if outtype in todo else state.records().get(name)
             if record is None:
-                record = {"size": path.stat().st_size, "sha256": file_sha256(path), "source": spec.label,
+                written = [{"file": p.name, "size": p.stat().st_size, "sha256": file_sha256(p)} for p, _ in parts[outtype]]
+                record = {"size": sum(w["size"] for w in written),
+                          "sha256": written[0]["sha256"] if len(written) == 1 else None, "source": spec.label,
                           "outtype": outtype, "fingerprint": spec.fingerprint(outtype),
                           "bits_per_weight": round(plan.bits_per_weight, 4), "seconds": round(seconds, 3)}
-                state.record(path.name, record)
+                if len(written) > 1:  # a split output: its parts, the first one being the file llama.cpp is given
+                    record["parts"] = written
+                state.record(name, record)
+            path = spec.output_dir / record["parts"][0]["file"] if "parts" in record else files[outtype]
             results.append(OutputResult(spec.label, outtype, str(path), "done" if outtype in todo else "skipped",
                                         record["size"], record["bits_per_weight"],
                                         seconds if outtype in todo else 0.0, record["sha256"]))

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_threads_option
+    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_split_options, add_threads_option
 
+    add_split_options(parser)
     add_force_option(parser)
     add_threads_option(parser)
 
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggufsmith.cli.quantize import build_request, print_summary, show_progress
+    from ggufsmith.cli.quantize import build_request, print_summary, show_progress, split_rule
     from ggufsmith.converters.pipeline import convert
 
     request = None
@@ -69,16 +70,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConversionError(f"--imatrix, --pure, --tensor-type, --prune-layers ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
                    progress=show_progress(args), model_name=args.model_name, quantize_request=request,
-                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
+                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None, split=split_rule(args))
     if args.dry_run:
         print(plan.describe())
-        print_summary(plan, args.dst, dry_run=True)
+        print_summary(plan, args.dst, dry_run=True, split=split_rule(args))
     elif not args.quiet:
         for t in plan.fallbacks:
             print(f"ggufsmith: {t.name}: {t.note}", file=sys.stderr)
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
-        print_summary(plan, args.dst, dry_run=False)
+        print_summary(plan, args.dst, dry_run=False, split=split_rule(args))
     return 0
 
 

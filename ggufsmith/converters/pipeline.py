@@ -27,6 +27,7 @@ from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.converters.plan import (ConversionPlan, PlannedTensor, file_type_with_stored, is_preset_outtype, outtype_of,
                                       plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
+from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -266,6 +267,7 @@ def convert(
     strict_tokenizer: bool = False,
     force: bool = False,
     threads: int | None = None,
+    split: SplitRule | None = None,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
 
@@ -276,7 +278,9 @@ def convert(
     use; the file is the same for any number). With `dry_run` nothing is written. `dst` appears
     only once complete; it may not be one of the inputs, nor a directory, device or FIFO unless
     `force`. Where llama.cpp will tokenize some text differently from the Hugging Face tokenizer,
-    one warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md).
+    one warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md). `split`
+    cuts the output into parts DST-00001-of-0000n.gguf ... (converters/split.py), which appear
+    together once all are complete.
     """
     resolve_workers(threads)  # reject a bad count before reading anything
     dst = Path(dst)
@@ -295,6 +299,12 @@ def convert(
     with open_checkpoint(src) as checkpoint:
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer)
+        parts = split_plan(plan, dst, split or SplitRule())
+        for path, _ in parts:
+            check_target(path, inputs, force=force)
         if not dry_run:
-            write_plan(plan, dst, progress=progress, inputs=inputs + checkpoint.files, force=force, threads=threads)
+            from ggufsmith.converters.fanout import write_plans
+
+            write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs + checkpoint.files,
+                        force=force, threads=threads)
     return plan
