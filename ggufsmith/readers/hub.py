@@ -1,0 +1,61 @@
+"""A model given by its Hugging Face repository id ("Org/Model") instead of a folder.
+
+The id is looked up in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME, as huggingface_hub
+lays it out: models--Org--Model/snapshots/<commit>/), through huggingface_hub itself, so that a
+model already downloaded by transformers or `hf download` converts without a copy. Nothing is
+fetched unless asked (`download`): a conversion never touches the network by surprise. An existing
+folder always wins over an id of the same spelling.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ggufsmith.errors import ConversionError
+
+# owner/name as the Hub spells them: letters, digits, '-', '_', '.'; one slash.
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+# Files a conversion reads; with --download only these are fetched (not .gguf, ONNX, TF, Flax ...).
+_WANTED = ["*.json", "*.safetensors", "*.bin", "*.pth", "*.model", "*.tiktoken", "*.txt", "*.md", "LICENSE*"]
+
+
+def looks_like_repo_id(src: str | Path) -> bool:
+    return isinstance(src, str) and not Path(src).exists() and _REPO_ID.fullmatch(src) is not None
+
+
+def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, str | None]:
+    """(the model folder, the repository id or None): `src` itself when it is not an id."""
+    if not looks_like_repo_id(src):
+        return Path(src), None
+    repo_id = str(src)
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    except ImportError:
+        raise ConversionError(f"{repo_id}: no such folder; to read it as a Hugging Face repository id, "
+                              "install huggingface_hub") from None
+    try:
+        if not download:
+            return Path(snapshot_download(repo_id, local_files_only=True)), repo_id
+        return Path(snapshot_download(repo_id, allow_patterns=_WANTED)), repo_id
+    except LocalEntryNotFoundError:
+        if download:
+            raise ConversionError(f"{repo_id}: cannot download it (no connection to the Hugging Face Hub?)") from None
+        raise ConversionError(f"{repo_id}: no such folder, and not in the Hugging Face cache ({_cache_dir()}); "
+                              "add --download to fetch it") from None
+    except HfHubHTTPError as e:
+        raise ConversionError(f"{repo_id}: the Hugging Face Hub refused it ({_first_line(e)})") from None
+    except ValueError as e:  # huggingface_hub's check of the id's spelling
+        raise ConversionError(f"{repo_id}: not a folder nor a valid repository id ({_first_line(e)})") from None
+
+
+def _cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
