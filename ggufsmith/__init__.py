@@ -4,7 +4,7 @@ from ggufsmith.errors import GGUFError, GgufsmithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "quantize_gguf"]
+__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "quantize_gguf", "set_metadata"]
 
 
 def convert(src, dst, outtype: str = "f16", arch=None, **options):
@@ -20,3 +20,11 @@ def quantize_gguf(src, dst, preset, **options):
     from ggufsmith.converters.requantize import quantize_gguf as _quantize_gguf
 
     return _quantize_gguf(src, dst, preset, **options)
+
+
+def set_metadata(path, changes=(), remove=(), output=None):
+    """Set ("KEY=VALUE", "KEY:TYPE=VALUE") and remove metadata keys of a GGUF file, rewritten safely;
+    see ggufsmith.gguf_writer.edit.set_metadata."""
+    from ggufsmith.gguf_writer.edit import set_metadata as _set_metadata
+
+    return _set_metadata(path, changes, remove, output)
