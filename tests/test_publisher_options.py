@@ -196,3 +196,63 @@ def test_metadata_file_gives_llamacpps_file(overrides_file, tmp_path):
     (our_file,), (their_file,) = list(ours.iterdir()), list(theirs.iterdir())
     assert our_file.name == their_file.name
     assert_same_file(our_file, their_file)
+
+
+# -- set-metadata -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def example_gguf(tmp_path_factory) -> Path:
+    return ggufsmith.convert(EXAMPLE_MODEL, tmp_path_factory.mktemp("edit") / "example.gguf", "q8_0").output
+
+
+def _llamacpp_metadata_and_logits(path: Path) -> tuple[dict, np.ndarray]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False)
+    try:
+        llm.eval(llm.tokenize(TEXT.encode("utf-8"), add_bos=True))
+        return dict(llm.metadata), np.array(llm.scores[: llm.n_tokens])
+    finally:
+        llm.close()
+
+
+def test_set_metadata_changes_what_llamacpp_reads_and_nothing_else(example_gguf, tmp_path):
+    import gguf
+
+    edited = tmp_path / "edited.gguf"
+    shutil.copyfile(example_gguf, edited)
+    proc = run_cli("set-metadata", edited, "general.name=Renamed Model", "llama.context_length=96",
+                   'general.tags:string[]=["chat", "tiny"]', "my.ratio:float32=0.25", "my.flags:bool[]=[true, false]",
+                   "--remove", "general.size_label", "-q")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    before, after = _fields(example_gguf), _fields(edited)
+    assert after["general.name"] == "Renamed Model"
+    assert after["llama.context_length"] == 96
+    assert after["general.tags"] == ["chat", "tiny"]
+    assert after["my.flags"] == [True, False]
+    assert "general.size_label" not in after
+    untouched = before.keys() - {"general.name", "llama.context_length", "general.size_label"}
+    assert all(after[k] == before[k] for k in untouched)
+    # types kept: llama.cpp reads context_length only as an unsigned 32-bit integer
+    reader = gguf.GGUFReader(edited)
+    assert reader.fields["llama.context_length"].types == [gguf.GGUFValueType.UINT32]
+    assert reader.fields["my.ratio"].types == [gguf.GGUFValueType.FLOAT32]
+    theirs_before = {t.name: bytes(t.data) for t in gguf.GGUFReader(example_gguf).tensors}
+    assert {t.name: bytes(t.data) for t in reader.tensors} == theirs_before
+
+    metadata_before, logits_before = _llamacpp_metadata_and_logits(example_gguf)
+    metadata_after, logits_after = _llamacpp_metadata_and_logits(edited)
+    assert metadata_after["general.name"] == "Renamed Model"
+    assert metadata_after["llama.context_length"] == "96"
+    assert np.array_equal(logits_before, logits_after)
+
+
+def test_set_metadata_to_another_file_leaves_the_input(example_gguf, tmp_path):
+    before = example_gguf.read_bytes()
+    out = ggufsmith.set_metadata(example_gguf, ["general.description=Edited"], output=tmp_path / "copy.gguf")
+    assert example_gguf.read_bytes() == before
+    assert _fields(out)["general.description"] == "Edited"
+    # an existing array key takes a JSON list of its element type
+    ggufsmith.set_metadata(out, ["general.tags:string[]=[\"a\"]"])
+    ggufsmith.set_metadata(out, ['general.tags=["b", "c"]'])
+    assert _fields(out)["general.tags"] == ["b", "c"]

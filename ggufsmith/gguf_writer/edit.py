@@ -96,32 +96,33 @@ def typed_value(change: Change, existing: MetadataValue | None) -> MetadataValue
             items = json.loads(change.text)
             if not isinstance(items, list):
                 raise ValueError("not a JSON list")
-            return make_value(change.key, [_scalar(change.key, v, element_type) for v in items], vtype, element_type)
-        return make_value(change.key, _scalar(change.key, change.text, vtype), vtype)
+            return make_value(change.key, [_from_json(v, element_type) for v in items], vtype, element_type)
+        return make_value(change.key, _from_text(change.text, vtype), vtype)
     except (ValueError, GGUFError) as e:
         kind = f"{element_type.name} array (JSON)" if vtype == GGUFValueType.ARRAY else vtype.name
         raise EditError(f"{change.key}: {change.text!r} is not a valid {kind} ({e})") from None
 
 
-def _scalar(key: str, value: Any, vtype: GGUFValueType) -> Any:
-    """A value given as text (or as JSON, in an array) in the Python type `vtype` wants."""
+def _from_text(text: str, vtype: GGUFValueType) -> Any:
+    """A scalar given as command-line text, in the Python type `vtype` wants."""
     if vtype == GGUFValueType.STRING:
-        if not isinstance(value, str):
-            raise ValueError("expected a string")
-        return value
+        return text
     if vtype == GGUFValueType.BOOL:
-        if isinstance(value, bool):
-            return value
-        if value not in ("true", "false"):
+        if text not in ("true", "false"):
             raise ValueError("expected true or false")
-        return value == "true"
+        return text == "true"
     if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-        if isinstance(value, bool):
-            raise ValueError("expected a number")
-        return float(value)
-    if isinstance(value, bool) or isinstance(value, float):
-        raise ValueError("expected an integer")
-    return int(value)
+        return float(text)
+    return int(text)
+
+
+def _from_json(value: Any, vtype: GGUFValueType) -> Any:
+    """An array element given as JSON: it must already be of the element type's kind."""
+    expected = {GGUFValueType.STRING: (str,), GGUFValueType.BOOL: (bool,),
+                GGUFValueType.FLOAT32: (int, float), GGUFValueType.FLOAT64: (int, float)}.get(vtype, (int,))
+    if not isinstance(value, expected) or (isinstance(value, bool) and vtype != GGUFValueType.BOOL):
+        raise ValueError(f"{json.dumps(value)} is not a {vtype.name}")
+    return float(value) if vtype in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64) else value
 
 
 def set_metadata(path: str | os.PathLike, changes: list[str | Change] = (), remove: list[str] = (),
