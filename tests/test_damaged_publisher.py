@@ -99,3 +99,14 @@ def test_set_metadata_on_a_file_that_is_not_gguf(tmp_path):
     target.write_bytes(json.dumps({"not": "gguf"}).encode())
     proc = run_cli("set-metadata", target, "general.name=x")
     assert_clean_failure(proc, str(target), target, previous=target.read_bytes())
+
+
+def test_download_without_a_connection(tmp_path, monkeypatch):
+    # --download reaches for the Hub (here forbidden by HF_HUB_OFFLINE): a different error from the
+    # cache miss above, naming the id
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out.gguf"
+    proc = run_cli("convert", "NoSuchOrg/NoSuchModel", out, "--download")
+    line = assert_clean_failure(proc, "NoSuchOrg/NoSuchModel", out)
+    assert "cannot download" in line

@@ -256,3 +256,63 @@ def test_set_metadata_to_another_file_leaves_the_input(example_gguf, tmp_path):
     ggufsmith.set_metadata(out, ["general.tags:string[]=[\"a\"]"])
     ggufsmith.set_metadata(out, ['general.tags=["b", "c"]'])
     assert _fields(out)["general.tags"] == ["b", "c"]
+
+
+# -- sources by repository id: the local Hugging Face cache -----------------------------------------
+
+REPO_ID = "TinyOrg/Tiny-Llama-v1"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch) -> Path:
+    """A Hugging Face cache holding the example model as REPO_ID, laid out as huggingface_hub lays
+    out a download (blobs, snapshots/<commit> of links to them, refs/main), and checked by
+    huggingface_hub's own cache scanner."""
+    import hashlib
+
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.file_download import repo_folder_name
+
+    cache = tmp_path / "hub"
+    repo = cache / repo_folder_name(repo_id=REPO_ID, repo_type="model")
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    for file in EXAMPLE_MODEL.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, blob)
+        (snapshot / file.name).symlink_to(Path("../../blobs") / blob.name)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the test must never reach the network
+    (cached,) = scan_cache_dir(cache).repos
+    assert cached.repo_id == REPO_ID and {f.file_name for r in cached.revisions for f in r.files} == \
+        {p.name for p in EXAMPLE_MODEL.iterdir()}
+    return cache
+
+
+def test_a_repo_id_converts_the_model_in_the_hf_cache(hf_cache, tmp_path):
+    import gguf
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = run_cli("convert", REPO_ID, out_dir, "-q")  # run from the repository root: no such folder there
+    assert proc.returncode == 0, proc.stderr
+    (written,) = out_dir.iterdir()
+    # named after the repository, not after the snapshot folder (a commit hash)
+    assert written.name == "Tiny-Llama-1.3M-v1-F16.gguf"
+    fields = _fields(written)
+    assert fields["general.organization"] == "TinyOrg"
+    assert COMMIT not in json.dumps({k: v for k, v in fields.items() if k.startswith("general.")}, default=str)
+    from_folder = ggufsmith.convert(EXAMPLE_MODEL, tmp_path / "from-folder.gguf").output
+    tensors = {t.name: bytes(t.data) for t in gguf.GGUFReader(written).tensors}
+    assert tensors == {t.name: bytes(t.data) for t in gguf.GGUFReader(from_folder).tensors}
+
+
+def test_an_existing_folder_wins_over_a_repo_id_of_the_same_spelling(hf_cache, tmp_path):
+    from ggufsmith.readers.hub import resolve_source
+
+    assert resolve_source("examples/tiny-llama") == (Path("examples/tiny-llama"), None)
+    assert resolve_source(REPO_ID) == (hf_cache / f"models--TinyOrg--Tiny-Llama-v1/snapshots/{COMMIT}", REPO_ID)

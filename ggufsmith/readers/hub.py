@@ -9,6 +9,7 @@ folder always wins over an id of the same spelling.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -36,14 +37,15 @@ def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, st
     except ImportError:
         raise ConversionError(f"{repo_id}: no such folder; to read it as a Hugging Face repository id, "
                               "install huggingface_hub") from None
+    cache = _cache_dir()
     try:
         if not download:
-            return Path(snapshot_download(repo_id, local_files_only=True)), repo_id
-        return Path(snapshot_download(repo_id, allow_patterns=_WANTED)), repo_id
+            return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True)), repo_id
+        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=_WANTED)), repo_id
     except LocalEntryNotFoundError:
         if download:
             raise ConversionError(f"{repo_id}: cannot download it (no connection to the Hugging Face Hub?)") from None
-        raise ConversionError(f"{repo_id}: no such folder, and not in the Hugging Face cache ({_cache_dir()}); "
+        raise ConversionError(f"{repo_id}: no such folder, and not in the Hugging Face cache ({cache}); "
                               "add --download to fetch it") from None
     except HfHubHTTPError as e:
         raise ConversionError(f"{repo_id}: the Hugging Face Hub refused it ({_first_line(e)})") from None
@@ -52,9 +54,10 @@ def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, st
 
 
 def _cache_dir() -> str:
+    """HF_HUB_CACHE as set now (huggingface_hub reads it once, when first imported), else its default."""
     from huggingface_hub import constants
 
-    return constants.HF_HUB_CACHE
+    return os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
 
 
 def _first_line(e: Exception) -> str:
