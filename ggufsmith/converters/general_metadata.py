@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ggufsmith.constants import FileType, GGUFValueType, Keys
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.jsonfile import read_json, shown
@@ -415,18 +415,27 @@ def _override_list(path: Path, key: str, value: Any) -> list:
 
 # -- the GGUF naming convention -------------------------------------------------------------------
 
-def default_file_name(metadata: Metadata, file_type: FileType | None, vocab_only: bool = False) -> str:
+def naming_fields(metadata: Metadata) -> dict[str, str]:
+    """The parts of the GGUF naming convention from the general.* keys, each with spaces and slashes
+    made dashes ("" when absent); the basename is general.name when there is no general.basename."""
+
+    def dashed(value: Any) -> str:
+        return "" if value is None else str(value).strip().replace(" ", "-").replace("/", "-")
+
+    return {
+        "basename": dashed(metadata.get(G.BASENAME) or metadata.get(G.NAME) or "ggml-model"),
+        "size_label": dashed(metadata.get(G.SIZE_LABEL)), "finetune": dashed(metadata.get(G.FINETUNE)),
+        "version": dashed(metadata.get(G.VERSION)), "name": dashed(metadata.get(G.NAME)),
+    }
+
+
+def default_file_name(metadata: Metadata, encoding: str, vocab_only: bool = False) -> str:
     """The file name the GGUF spec's naming convention gives, as llama.cpp's converter names the file
-    it writes into a folder: <basename or name>-<size label>-<finetune>-<version>-<encoding>.gguf,
-    with "-vocab" (and no size or encoding) for a vocab-only file."""
-
-    def part(key: str) -> str:
-        value = metadata.get(key)
-        return f"-{str(value).strip().replace(' ', '-')}" if value is not None else ""
-
-    base = metadata.get(G.BASENAME) or metadata.get(G.NAME)
-    name = str(base).strip().replace(" ", "-").replace("/", "-") if base is not None else "ggml-model"
+    it writes into a folder: <basename or name>-<size label>-<finetune>-<version>-<ENCODING>.gguf,
+    and <basename or name>-<finetune>-<version>-vocab.gguf for a vocab-only file."""
+    fields = naming_fields(metadata)
     if vocab_only:
-        return f"{name}{part(G.FINETUNE)}{part(G.VERSION)}-vocab.gguf"
-    encoding = f"-{file_type.name.partition('_')[2].upper()}" if file_type is not None else ""
-    return f"{name}{part(G.SIZE_LABEL)}{part(G.FINETUNE)}{part(G.VERSION)}{encoding}.gguf"
+        parts = [fields["basename"], fields["finetune"], fields["version"], "vocab"]
+    else:
+        parts = [fields[k] for k in ("basename", "size_label", "finetune", "version")] + [encoding.upper()]
+    return "-".join(p for p in parts if p) + ".gguf"

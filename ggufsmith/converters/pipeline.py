@@ -326,7 +326,7 @@ def convert(
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
                          metadata_overrides=overrides)
         if into_folder:
-            dst = dst / default_file_name(plan.metadata, plan.file_type, vocab_only)
+            dst = dst / default_file_name(plan.metadata, plan.outtype, vocab_only)
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst
         if not dry_run:

@@ -30,7 +30,12 @@ def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, st
     """(the model folder, the repository id or None): `src` itself when it is not an id."""
     if not looks_like_repo_id(src):
         return Path(src), None
-    repo_id = str(src)
+    return snapshot_folder(str(src), download=download), str(src)
+
+
+def snapshot_folder(repo_id: str, revision: str | None = None, *, download: bool = False) -> Path:
+    """The folder of `repo_id`'s snapshot (at `revision`, default the main branch) in the local
+    Hugging Face cache, fetched into it first only with `download`; ConversionError naming the id."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -40,12 +45,12 @@ def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, st
     cache = _cache_dir()
     try:
         if not download:
-            return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True)), repo_id
-        return Path(snapshot_download(repo_id, cache_dir=cache, allow_patterns=_WANTED)), repo_id
+            return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True))
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=_WANTED))
     except LocalEntryNotFoundError:
         if download:
             raise ConversionError(f"{repo_id}: cannot download it (no connection to the Hugging Face Hub?)") from None
-        raise ConversionError(f"{repo_id}: no such folder, and not in the Hugging Face cache ({cache}); "
+        raise ConversionError(f"{repo_id}: not in the local Hugging Face cache ({cache}), and no such folder; "
                               "add --download to fetch it") from None
     except HfHubHTTPError as e:
         raise ConversionError(f"{repo_id}: the Hugging Face Hub refused it ({_first_line(e)})") from None
