@@ -316,3 +316,9 @@ def test_an_existing_folder_wins_over_a_repo_id_of_the_same_spelling(hf_cache, t
 
     assert resolve_source("examples/tiny-llama") == (Path("examples/tiny-llama"), None)
     assert resolve_source(REPO_ID) == (hf_cache / f"models--TinyOrg--Tiny-Llama-v1/snapshots/{COMMIT}", REPO_ID)
+
+
+def test_type_template_in_the_output_name_is_filled_with_the_type_auto_chose(tmp_path):
+    proc = run_cli("convert", EXAMPLE_MODEL, tmp_path / "tiny-{ftype}-{OUTTYPE}.gguf", "--outtype", "auto", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-bf16-BF16.gguf"]

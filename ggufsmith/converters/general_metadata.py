@@ -439,3 +439,18 @@ def default_file_name(metadata: Metadata, encoding: str, vocab_only: bool = Fals
     else:
         parts = [fields[k] for k in ("basename", "size_label", "finetune", "version")] + [encoding.upper()]
     return "-".join(p for p in parts if p) + ".gguf"
+
+
+# An output name may hold the type to be filled in, as llama.cpp's converter allows
+# ("model-{ftype}.gguf", useful with --outtype auto): lowercase or, spelt in capitals, uppercase.
+_TYPE_TEMPLATES = ("{ftype}", "{outtype}", "{FTYPE}", "{OUTTYPE}")
+
+
+def has_type_template(name: str) -> bool:
+    return any(t in name for t in _TYPE_TEMPLATES)
+
+
+def fill_type_template(name: str, outtype: str) -> str:
+    for template in _TYPE_TEMPLATES:
+        name = name.replace(template, outtype.upper() if template.isupper() else outtype.lower())
+    return name

@@ -23,7 +23,8 @@ from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, default_file_name,
-                                                   general_metadata, read_metadata_overrides)
+                                                   fill_type_template, general_metadata, has_type_template,
+                                                   read_metadata_overrides)
 from ggufsmith.readers.gguf_source import GGUFTensor
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, guess_outtype, is_preset_outtype,
                                       outtype_of, plan_tensor)
@@ -284,7 +285,8 @@ def convert(
 
     `src` may also be a repository id ("Org/Model") found in the local Hugging Face cache, or
     downloaded into it with `download` (readers/hub.py). `dst` may be an existing folder: the file
-    is then named by the GGUF naming convention, as llama.cpp's converter names it.
+    is then named by the GGUF naming convention, as llama.cpp's converter names it; `{ftype}` or
+    `{outtype}` in its name is replaced by the type (`{FTYPE}`, `{OUTTYPE}`: in capitals), as there.
     `outtype` is one of plan.OUTTYPES, "auto" (bf16 or f16, as the checkpoint is stored, as
     llama.cpp decides), or a llama-quantize preset name (q4_k_m, ...: the file llama-quantize
     would make from the F32 conversion, made without any intermediate file); `imatrix` an
@@ -303,9 +305,10 @@ def convert(
     src, repo_id = resolve_source(src, download=download)
     dst = Path(dst)
     into_folder = dst.is_dir()
+    templated = not into_folder and has_type_template(dst.name)
     overrides = read_metadata_overrides(metadata) if metadata is not None else None
     inputs = folder_files(src) + [Path(p) for p in (imatrix, metadata) if p is not None]
-    if not into_folder:
+    if not into_folder and not templated:
         check_target(dst, inputs, force=force)  # before any work
     if vocab_only and (is_preset_outtype(outtype) or quantize_request is not None or imatrix is not None):
         raise ConversionError(f"--vocab-only writes no tensors: give a plain --outtype ({', '.join(OUTTYPES)}, auto), "
@@ -327,6 +330,9 @@ def convert(
                          metadata_overrides=overrides)
         if into_folder:
             dst = dst / default_file_name(plan.metadata, plan.outtype, vocab_only)
+        elif templated:
+            dst = dst.with_name(fill_type_template(dst.name, plan.outtype))
+        if into_folder or templated:  # named now that the type is known
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst
         if not dry_run:
