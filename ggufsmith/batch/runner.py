@@ -89,7 +89,7 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
             with _warnings_said_once():  # the other types' plans read the same tokenizer and config again
                 plans.update({outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes[1:]})
             for outtype, plan in plans.items():
-                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
+                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, plan.outtype, spec.name_pattern, model_dir.name)
                 files[outtype] = spec.output_dir / name
             _check_distinct(spec, files)
             spec.output_dir.mkdir(parents=True, exist_ok=True)  # the plan's folders are made for it
