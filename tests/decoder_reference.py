@@ -28,11 +28,13 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def reference_convert(model_dir: Path, out: Path, outtype: str = "f32", pre: str = "gpt-2") -> Path:
+def reference_convert(model_dir: Path, out: Path, outtype: str = "f32", pre: str = "gpt-2",
+                      extra_args: tuple[str, ...] = ()) -> Path:
+    """extra_args: more options for the converter (e.g. --no-mtp)."""
     env = reference_env() | {"FORCE_PRE": pre}
     result = subprocess.run(
         [sys.executable, "-c", _RUNNER, str(reference_dir()), str(model_dir), "--outfile", str(out),
-         "--outtype", outtype],
+         "--outtype", outtype, *extra_args],
         env=env, capture_output=True, text=True, timeout=900,
     )
     if result.returncode:

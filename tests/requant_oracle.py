@@ -4,6 +4,8 @@ options spelled as its C parameters, for comparing whole files with ggufsmith's.
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +71,32 @@ def llama_quantize(src: Path, dst: Path, ftype: int, *, imatrix: dict[str, np.nd
         p.tt_overrides = ctypes.cast(tts, ctypes.POINTER(llama_cpp.llama_model_tensor_override))
         keep.append(tts)
     return llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), p)
+
+
+_DRY_RUN_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[[^\]]*\], type =\s+(\w+), size =[^(\n]*(?:\((\w+)\))?",
+                           re.M)
+
+
+def llama_quantize_types(src: Path, ftype: int, **options) -> tuple[int, dict[str, str]]:
+    """llama_model_quantize's choice of type for every tensor, without quantizing: its dry run
+    (llama-quantize --dry-run) logs "[ i/ n] name - [shape], type = f32, size = ... (q4_K)" per
+    tensor, from the same type selection the real run uses. Returns (status, name -> ggml type
+    name as ggml spells it)."""
+    import llama_cpp
+    from llama_cpp._logger import llama_log_callback as default_callback
+
+    lines: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def collect(level, text, user_data):
+        lines.append(text.decode("utf-8", errors="replace"))
+
+    llama_cpp.llama_log_set(collect, ctypes.c_void_p(0))
+    try:
+        status = llama_quantize(src, Path(os.devnull), ftype, dry_run=True, **options)
+    finally:
+        llama_cpp.llama_log_set(default_callback, ctypes.c_void_p(0))
+    return status, {m[1]: (m[3] or m[2]) for m in _DRY_RUN_LINE.finditer("".join(lines))}
 
 
 def random_imatrix(f32: Path, path: Path, seed: int = 0):

@@ -16,9 +16,8 @@ from ggufsmith.quantize.presets import (
     llama_tensor_order,
     requires_importance,
 )
-from tests.ggml_oracle import ggml_parse_gguf
 from tests.llama_gguf_models import write_llama_gguf
-from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, llama_quantize
+from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, llama_quantize, llama_quantize_types
 
 pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -50,9 +49,11 @@ def _facts(cfg) -> ModelFacts:
 
 
 def _llama_cpp_types(src, dst, preset, imatrix=None, **params) -> dict[str, GGMLType]:
-    assert llama_quantize(src, dst, preset.file_type, imatrix=imatrix, **params) == 0
-    # ggml's own GGUF parser: gguf-py does not know every type (Q2_0)
-    return {t["name"]: GGMLType(t["type"]) for t in ggml_parse_gguf(dst)["tensors"]}
+    """llama-quantize's choice, from its dry run (the same selection, without quantizing the data:
+    the data's bytes are compared whole-file in tests/test_requantize.py and the arch tests)."""
+    status, types = llama_quantize_types(src, preset.file_type, imatrix=imatrix, **params)
+    assert status == 0
+    return {name: GGMLType[ggml_name.upper()] for name, ggml_name in types.items()}
 
 
 def _our_types(shapes, cfg, options) -> dict[str, GGMLType]:

@@ -176,19 +176,29 @@ def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model)
     _convert_preset_check(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
 
 
+# Every preset through `convert --outtype PRESET` with an importance matrix, and without one where
+# llama-quantize allows it (issue 18), on the llama; the quantize path above covers every preset on
+# every model, qwen3moe's convert path is below (`convert --outtype PRESET` plans convert + quantize).
+# The plain outtypes f32/f16/bf16/q8_0 take no imatrix: convert refuses one for them.
+def _every_case(presets):
+    return [(p, i) for p in presets for i in (False, True)
+            if not (i and p.lower() in OUTTYPES) and (i or p not in PRESETS_NEEDING_IMATRIX)]
+
+
+LLAMA_CONVERT_CASES = _every_case(ALL_PRESETS)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ALL_PRESETS)
-@pytest.mark.parametrize("model", list(MODELS))
-def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, model, preset):
-    _convert_preset_check(models, imatrices, tmp_path, model, preset,
-                          with_imatrix=preset == "Q2_K" or preset in PRESETS_NEEDING_IMATRIX, run=True)
+@pytest.mark.parametrize(("preset", "with_imatrix"), LLAMA_CONVERT_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in LLAMA_CONVERT_CASES])
+def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, preset, with_imatrix):
+    _convert_preset_check(models, imatrices, tmp_path, "llama", preset, with_imatrix, run=True)
 
 
 # Issue 15: every preset through `convert --outtype PRESET` on the per-expert qwen3moe, with and
 # without an importance matrix, is llama_model_quantize on the f32 conversion (the plain outtypes
 # f32/f16/bf16/q8_0 take none: convert refuses one for them).
-QWEN3MOE_CASES = [(p, i) for p, i in [*SLOW_CASES, *((p, i) for p in FAST_PRESETS for i in (False, True))]
-                  if not (i and p.lower() in OUTTYPES)]
+QWEN3MOE_CASES = _every_case(ALL_PRESETS)
 
 
 @pytest.mark.slow
@@ -465,10 +475,20 @@ def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
 # Issue 17: llama-quantize's rules for state-space models (which recurrent tensors stay F32: A, D,
 # the conv kernel, the grouped norm; which are quantized: the in/out projections), every preset
 # through `convert --outtype PRESET`, and the presets that need an importance matrix with one.
-SSM_MODELS = {
+SSM_MODELS = {  # name -> (transformers config class, model class, config fields)
     # hidden 256 so that the K-quants' 256-blocks fit ssm_in's rows; in_proj: 2 x 512 + 2 x 2 x 16 + 8 rows
-    "mamba2": dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
-                   expand=2, chunk_size=16),
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM",
+               dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
+                    expand=2, chunk_size=16)),
+    # a hybrid: gated delta-net blocks around one attention block (llama-quantize's rules for attn_qkv,
+    # attn_gate, ssm_* and for which blocks hold attention), 4 value heads on 2 key heads
+    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
+               dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
+                    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                    linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
+                    linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2]})),
 }
 SSM_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True)]
 
@@ -479,12 +499,12 @@ def ssm_models(tmp_path_factory):
     import transformers
 
     out = {}
-    for name, config in SSM_MODELS.items():
+    for name, (config_class, model_class, config) in SSM_MODELS.items():
         model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
         torch.manual_seed(3)
-        model = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(vocab_size=2000, **config))
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=2000, **config))
         randomize_weights(model.eval(), 3)
         model.save_pretrained(model_dir)
         f32 = model_dir.parent / f"{name}-f32.gguf"
@@ -504,3 +524,61 @@ def ssm_imatrices(ssm_models, tmp_path_factory):
 @pytest.mark.parametrize("model", list(SSM_MODELS))
 def test_convert_every_preset_ssm(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix):
     _convert_preset_check(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix)
+
+
+# Issue 15, gpt-oss: every preset through `convert --outtype PRESET`, with and without an importance
+# matrix, on the float checkpoint (experts stored (in, out), gate and up interleaved, expert biases);
+# and on the MXFP4 checkpoint, whose f32 conversion keeps the experts MXFP4: MXFP4_MOE copies them,
+# another preset re-quantizes them only with --allow-requantize, both as llama-quantize does to the
+# f32 conversion.
+GPTOSS_SHAPE = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                    intermediate_size=320, num_local_experts=4)
+GPTOSS_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True), ("MXFP4_MOE", True)]
+
+
+@pytest.fixture(scope="module")
+def gptoss_models(tmp_path_factory):
+    from tests.test_arch_gptoss import VOCAB, build_gptoss, save_mxfp4_checkpoint
+    from tests.tokenizer_helpers import train_bpe
+
+    root = tmp_path_factory.mktemp("gptoss")
+    train_bpe(root / "float", "qwen2", vocab_size=VOCAB)
+    build_gptoss(root / "float", **GPTOSS_SHAPE)
+    save_mxfp4_checkpoint(root / "float", root / "mxfp4")
+    out = {}
+    for name in ("float", "mxfp4"):
+        ggufsmith.convert(root / name, root / f"{name}-f32.gguf", "f32")
+        out[name] = (root / name, root / f"{name}-f32.gguf")
+    return out
+
+
+@pytest.fixture(scope="module")
+def gptoss_imatrices(gptoss_models, tmp_path_factory):
+    return _imatrix_files(gptoss_models, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "with_imatrix"), GPTOSS_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in GPTOSS_CASES])
+def test_convert_every_preset_gptoss(gptoss_models, gptoss_imatrices, tmp_path, preset, with_imatrix):
+    _convert_preset_check(gptoss_models, gptoss_imatrices, tmp_path, "float", preset, with_imatrix,
+                          run=preset in ("Q4_K_M", "MXFP4_MOE"))
+
+
+@pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0", "Q4_K_M"])
+def test_presets_on_the_mxfp4_checkpoint(gptoss_models, tmp_path, preset):
+    model_dir, f32 = gptoss_models["mxfp4"]
+    file_type = get_preset(preset).file_type
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    if preset != "MXFP4_MOE":  # the experts' type changes: refused unless asked for, by both
+        assert llama_quantize(f32, theirs, file_type) != 0
+        with pytest.raises(ggufsmith.errors.QuantizationError, match="already MXFP4"):
+            ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset))
+    assert llama_quantize(f32, theirs, file_type, allow_requantize=True) == 0
+    ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset, allow_requantize=True))
+    if preset.lower() in OUTTYPES:
+        assert_same_tensors(ours, theirs)
+    else:
+        assert_same_file(ours, theirs)
+    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(ours).tensors}
+    assert (types["blk.0.ffn_up_exps.weight"] == GGMLType.MXFP4) == (preset == "MXFP4_MOE")

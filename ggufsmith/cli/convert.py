@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
+    group.add_argument("--allow-requantize", action="store_true",
+                       help="quantize tensors the checkpoint stores already quantized (gpt-oss' MXFP4 experts) to "
+                            "the preset's type, as llama-quantize --allow-requantize does to the F32 conversion "
+                            "(without it a preset that changes their type is refused; MXFP4_MOE keeps them)")
     parser.add_argument("--model-name", metavar="NAME", help="general.name to write (default: from the model card/config/folder)")
     parser.add_argument("--strict-tokenizer", action="store_true",
                         help="refuse a tokenizer that llama.cpp would apply differently from the Hugging Face one on "
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     request = None
     if is_preset_outtype(args.outtype):
-        request = build_request(args.outtype, args)
+        request = build_request(args.outtype, args, allow_requantize=args.allow_requantize)
     elif _preset_options_used(args):
         raise ConversionError(f"--imatrix, --pure, --tensor-type, --prune-layers ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
@@ -93,4 +97,4 @@ def run(args: argparse.Namespace) -> int:
 def _preset_options_used(args: argparse.Namespace) -> bool:
     return bool(args.imatrix or args.include_weights or args.exclude_weights or args.pure or args.output_tensor_type
                 or args.token_embedding_type or args.leave_output_tensor or args.tensor_type or args.override_kv
-                or args.prune_layers)
+                or args.prune_layers or args.allow_requantize)

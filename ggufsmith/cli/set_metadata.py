@@ -12,7 +12,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "examples:\n"
         "  ggufsmith set-metadata model.gguf 'general.name=My Model' general.license=mit\n"
         "  ggufsmith set-metadata model.gguf llama.context_length=8192     (keeps the key's type, uint32)\n"
-        "  ggufsmith set-metadata model.gguf 'general.tags=[\"chat\", \"llama\"]'\n"
+        "  ggufsmith set-metadata model.gguf 'general.tags:string[]=[\"chat\", \"llama\"]'\n"
         "  ggufsmith set-metadata model.gguf my.key:float32=0.5 --remove general.description\n"
         "types: " + ", ".join(t for t in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
                                            "float32", "float64", "bool", "string")) + "; TYPE[] for an array (JSON)\n"

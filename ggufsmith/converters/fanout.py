@@ -33,7 +33,7 @@ from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.workers import Quantizer, lookahead_bytes, resolve_workers
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from ggufsmith.quantize.presets import llama_tensor_order
-from ggufsmith.readers.gguf_source import GGUFTensor
+from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.readers.safetensors import RowSlicedTensor
 
 # Bytes of early tensors a file keeps in memory before its spill file moves to disk.
@@ -127,7 +127,7 @@ def _units(group: list[tuple[int, PlannedTensor]], quantizer: Quantizer) -> Iter
     """The work units of one tensor for every file that has it (pipeline._work_units for several files)."""
     tensors = [t for _, t in group]
     tensor = tensors[0].tensor
-    shared = len(group) > 1 and not any(isinstance(t.tensor, GGUFTensor) and t.tensor.stored_type == t.ggml_type
+    shared = len(group) > 1 and not any(isinstance(t.tensor, EncodedTensor) and t.tensor.stored_type == t.ggml_type
                                         for t in tensors)
     if not shared:
         # one file (or copied bytes): the single-file units, with their fast paths

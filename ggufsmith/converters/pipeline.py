@@ -25,9 +25,9 @@ from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, default_file_name,
                                                    fill_type_template, general_metadata, has_type_template,
                                                    read_metadata_overrides)
-from ggufsmith.readers.gguf_source import GGUFTensor
-from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, guess_outtype, is_preset_outtype,
-                                      outtype_of, plan_tensor)
+from ggufsmith.readers.lazy_tensor import EncodedTensor
+from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, file_type_with_stored,
+                                      guess_outtype, is_preset_outtype, outtype_of, plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
@@ -91,6 +91,7 @@ def make_plan(
     plugin.read_scalars(checkpoint.tensors)  # the few numbers some plugins write as keys (before metadata())
     mapped = plugin.map_tensors(checkpoint.tensors)
     planned = [plan_tensor(m.name, m.sources, m.tensor, target, plugin) for m in mapped]
+    file_type = file_type_with_stored(file_type, planned)
 
     params = count_parameters([] if vocab_only else [(t.name, t.shape) for t in planned])
     metadata = Metadata()
@@ -120,7 +121,7 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
-    if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
+    if isinstance(tensor, EncodedTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
         return
@@ -328,10 +329,12 @@ def convert(
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
                          metadata_overrides=overrides)
+        # the type a name says is general.file_type's, as llama.cpp's converter names it (MOSTLY_BF16: BF16)
+        encoding = plan.file_type.name.partition("_")[2]
         if into_folder:
-            dst = dst / default_file_name(plan.metadata, plan.outtype, vocab_only)
+            dst = dst / default_file_name(plan.metadata, encoding, vocab_only)
         elif templated:
-            dst = dst.with_name(fill_type_template(dst.name, plan.outtype))
+            dst = dst.with_name(fill_type_template(dst.name, encoding))
         if into_folder or templated:  # named now that the type is known
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst

@@ -1,14 +1,14 @@
-"""Granite 4 (`GraniteMoeHybridForCausalLM`, llama.cpp's `granitehybrid`) end to end: tiny random
-models with Mamba-2 layers and an attention layer in a non-trivial pattern, converted by ggufsmith,
-run by llama.cpp (llama-cpp-python) against transformers, and compared with llama.cpp's own
-convert_hf_to_gguf.py.
+"""Granite 4 (`GraniteMoeHybridForCausalLM`, llama.cpp's `granitehybrid`) and LFM2 (`Lfm2ForCausalLM`)
+end to end: tiny random models whose recurrent layers (Mamba-2; LFM2's gated short convolutions)
+and attention layer follow a non-trivial pattern, converted by ggufsmith, run by llama.cpp
+(llama-cpp-python) against transformers, and compared with llama.cpp's own convert_hf_to_gguf.py.
 
-Variants: routed experts with a shared expert and no rope (Granite 4.0-H's layout), in both expert
-layouts; and the dense variant (num_local_experts 0: the shared MLP alone) with rope. The prompt is
-63 tokens, four of the 16-token scan chunks, so the conv window and the recurrent state matter.
-Errors are in units of the logits' std (tests/family_models.py). Measured: f32 6e-6 to 7e-6; f16
-1e-2 to 1.6e-2; q8_0 0.33 to 0.55 (q8_0 rounding changes the routing of some tokens, and the
-recurrent state carries each rounding error to every later position).
+Granite variants: routed experts with a shared expert and no rope (Granite 4.0-H's layout), in both
+expert layouts; and the dense variant (num_local_experts 0: the shared MLP alone) with rope. The
+prompt is 63 tokens, four of the 16-token scan chunks, so the conv window and the recurrent state
+matter. Errors are in units of the logits' std (tests/family_models.py). Measured: f32 6e-6 to
+7e-6; f16 1e-2 to 1.7e-2; q8_0 0.33 to 0.55 (q8_0 rounding changes the routing of some tokens, and
+the recurrent state carries each rounding error to every later position).
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ pytest.importorskip("transformers")
 
 TOLERANCE = {"f32": 1e-3, "f16": 0.05, "q8_0": 1.0}
 MODEL_CLASS = "GraniteMoeHybridForCausalLM"
+LFM2 = dict(vocab_size=608, hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, layer_types=["conv", "full_attention", "conv", "conv"], conv_L_cache=3,
+            block_multiple_of=32, max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=0,
+            eos_token_id=0, pad_token_id=0, architectures=["Lfm2ForCausalLM"])
 # Layer 1 is attention, the others Mamba-2: a model that took layer 0 or 3 for the attention layer
 # (or none) loads tensors of the wrong kind and is refused before writing.
 BASE = dict(vocab_size=608, hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
@@ -36,10 +40,16 @@ BASE = dict(vocab_size=608, hidden_size=64, intermediate_size=32, num_hidden_lay
             mamba_n_groups=2, mamba_d_state=16, mamba_d_head=16, mamba_chunk_size=16, embedding_multiplier=2.0,
             residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=3.0, max_position_embeddings=512,
             tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0, architectures=[MODEL_CLASS])
+# name -> (config class, model class, fields)
 VARIANTS = {
-    "moe": dict(BASE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48),
-    "moe-fused": dict(BASE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48),
-    "dense-rope": dict(BASE, num_local_experts=0, shared_intermediate_size=96, position_embedding_type="rope"),
+    "moe": ("GraniteMoeHybridConfig", MODEL_CLASS,
+            dict(BASE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)),
+    "moe-fused": ("GraniteMoeHybridConfig", MODEL_CLASS,
+                  dict(BASE, num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48)),
+    "dense-rope": ("GraniteMoeHybridConfig", MODEL_CLASS,
+                   dict(BASE, num_local_experts=0, shared_intermediate_size=96, position_embedding_type="rope")),
+    # auto-adjusted MLP width (2/3 of 192, to a multiple of 32: 128), tied head
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", LFM2),
 }
 
 
@@ -56,15 +66,15 @@ def _legacy_layer_types(model_dir) -> None:
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("granite-hybrid")
     out = {}
-    for name, fields in VARIANTS.items():
+    for name, (config_class, model_class, fields) in VARIANTS.items():
         model_dir = root / name
         train_bpe(model_dir, "qwen2", vocab_size=600)
-        build_model("GraniteMoeHybridConfig", MODEL_CLASS, model_dir, fused_experts=name.endswith("fused"), **fields)
+        build_model(config_class, model_class, model_dir, fused_experts=name.endswith("fused"), **fields)
         if name == "moe":
-            _legacy_layer_types(model_dir)  # the other two keep transformers 5's names: both are read
+            _legacy_layer_types(model_dir)  # the other Granites keep transformers 5's names: both are read
         ids = prompt_ids(model_dir)
         assert len(ids) >= 48
-        out[name] = model_dir, ids, hf_logits(model_dir, MODEL_CLASS, ids)
+        out[name] = model_dir, ids, hf_logits(model_dir, model_class, ids)
     return out
 
 
@@ -108,13 +118,23 @@ def test_recurrent_layers_are_the_config_s(converted):
     assert gguf_contents(converted("dense-rope", "f32"))[0]["granitehybrid.rope.scaling.finetuned"] is True
 
 
+def test_lfm2_conv_layers_and_mlp_width(converted):
+    from tests.llamacpp_reference import gguf_contents
+
+    keys, tensors = gguf_contents(converted("lfm2", "f32"))
+    assert keys["lfm2.attention.head_count_kv"] == [0, 2, 0, 0] and keys["lfm2.feed_forward_length"] == 128
+    assert {n.split(".")[1] for n in tensors if "shortconv.conv" in n} == {"0", "2", "3"}
+    assert tensors["blk.0.shortconv.conv.weight"][0] == (3, 64)  # {L, hidden}
+    assert "output.weight" not in tensors
+
+
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
-@pytest.mark.parametrize("name", ["moe", "dense-rope"])
+@pytest.mark.parametrize("name", ["moe", "dense-rope", "lfm2"])
 def test_same_file_as_convert_hf_to_gguf(models, converted, tmp_path, name, outtype):
     """llama.cpp's converter knows only the legacy layer names, and turns rope on only for
     Bamba or an all-attention model: it is given the legacy names and a model without rope."""
     model_dir = models[name][0]
-    if name != "moe":
+    if name == "dense-rope":
         reference_dir = tmp_path / name
         reference_dir.mkdir()
         for f in model_dir.iterdir():
