@@ -7,10 +7,10 @@ depthwise conv's channel axis dropped) and kept F32, and names the final norm to
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
-from ggufsmith.arch.decoder import Decoder, attention, in_block, mlp
+from ggufsmith.arch.decoder import DENSE, ROUTER, SPARSE, Decoder, attention, expert_keys, experts, in_block, mlp
 from ggufsmith.arch.hybrid import only_where
-from ggufsmith.arch.tensors import T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.arch.tensors import Split, T
+from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -24,21 +24,21 @@ def _renamed(table: dict[str, T], names: dict[str, str]) -> dict[str, T]:
     return {names.get(hf, hf): spec for hf, spec in table.items()}
 
 
-class Lfm2(Decoder):
-    name = "lfm2"
-    hf_classes = ("Lfm2ForCausalLM",)
-    model_types = ("lfm2",)
-    tied_output_head = r"lm_head\.weight"
-    tensor_names = {
+def _swiglu(when: str | None) -> dict[str, T]:
+    return _renamed(mlp(biases="none", when=when), {"mlp.gate_proj.weight": "feed_forward.w1.weight",
+                                                    "mlp.up_proj.weight": "feed_forward.w3.weight",
+                                                    "mlp.down_proj.weight": "feed_forward.w2.weight"})
+
+
+def _lfm2_table(feed_forward: dict[str, T | Split]) -> dict[str, T | Split]:
+    return {
         "model.embed_tokens.weight": T("token_embd.weight", "n_vocab", "n_embd"),
         "model.embedding_norm.weight": T("token_embd_norm.weight", "n_embd"),  # the final norm
         "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
         **in_block({
             "operator_norm.weight": T("attn_norm.weight", "n_embd"),
             "ffn_norm.weight": T("ffn_norm.weight", "n_embd"),
-            **_renamed(mlp(biases="none", when=None), {"mlp.gate_proj.weight": "feed_forward.w1.weight",
-                                                        "mlp.up_proj.weight": "feed_forward.w3.weight",
-                                                        "mlp.down_proj.weight": "feed_forward.w2.weight"}),
+            **feed_forward,
             **only_where(_renamed(attention(biases="none", qk_norm=True), {
                 "self_attn.o_proj.weight": "self_attn.out_proj.weight",
                 "self_attn.q_norm.weight": "self_attn.q_layernorm.weight",
@@ -50,6 +50,14 @@ class Lfm2(Decoder):
             }, CONV_LAYER),
         }),
     }
+
+
+class Lfm2(Decoder):
+    name = "lfm2"
+    hf_classes = ("Lfm2ForCausalLM",)
+    model_types = ("lfm2",)
+    tied_output_head = r"lm_head\.weight"
+    tensor_names = _lfm2_table(_swiglu(when=None))
     f32_tensors = (r"blk\.\d+\.shortconv\.conv\.weight",)
     dim_names = ("l_cache",)
 
@@ -58,7 +66,7 @@ class Lfm2(Decoder):
         c = self.config
         n_layer = c.get_int("num_hidden_layers", min=1)
         types = c.get_list("layer_types")
-        if len(types) != n_layer or not all(t in ("conv", "full_attention") for t in types):
+        if len(types) != n_layer or not all(t in ("conv", "full_attention", "attention") for t in types):
             raise c.error("layer_types", types, f"{n_layer} of 'conv' / 'full_attention'")
         self.conv_layers = [t == "conv" for t in types]
         if c.get_bool("conv_bias", default=False):
@@ -94,3 +102,43 @@ class Lfm2(Decoder):
         if name.endswith("shortconv.conv.weight"):
             return tensor.reshape(tensor.shape[0], tensor.shape[-1])
         return tensor
+
+
+class Lfm2Moe(Lfm2):
+    """LFM2-MoE (`Lfm2MoeForCausalLM`): LFM2 with routed experts after `num_dense_layers` dense
+    blocks, chosen by sigmoid scores plus a selection bias (expert_bias -> exp_probs_b) and
+    weighted by their renormalized sigmoid scores, which is all llama.cpp's lfm2moe computes."""
+
+    name = "lfm2moe"
+    hf_classes = ("Lfm2MoeForCausalLM",)
+    model_types = ("lfm2_moe",)
+    tensor_names = _lfm2_table({
+        **_swiglu(when=DENSE),
+        **experts(prefix="feed_forward.", per_expert=("w1", "w3", "w2"), when=SPARSE),
+        "feed_forward.expert_bias": T("exp_probs_b.bias", "n_expert", when=SPARSE),
+    })
+    f32_tensors = Lfm2.f32_tensors + ROUTER
+    dim_names = ("l_cache", "n_layer_dense_lead")
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.config
+        if not c.get_bool("use_expert_bias", default=True) or not c.get_bool("norm_topk_prob", default=True) \
+                or c.get_float("routed_scaling_factor", default=1.0) != 1.0:
+            raise ConversionError(f"{c.label}: llama.cpp's lfm2moe always uses the expert bias and renormalizes the "
+                                  "chosen experts' weights, unscaled: use_expert_bias and norm_topk_prob must be true "
+                                  "and routed_scaling_factor 1")
+
+    def dims(self) -> dict[str, int]:
+        return {**super().dims(), "n_layer_dense_lead": self.config.get_int("num_dense_layers", default=2, min=0)}
+
+    def feed_forward_length(self) -> int:
+        return self.config.get_int("intermediate_size", min=1)  # the dense blocks' MLP, not adjusted
+
+    def family_keys(self, keys: ArchKeys) -> None:
+        super().family_keys(keys)
+        c = self.config
+        expert_keys(keys, c)
+        keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("moe_intermediate_size", min=1))
+        keys.u32(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, c.get_int("num_dense_layers", default=2, min=0))
+        keys.u32(Keys.LLM.EXPERT_GATING_FUNC, int(ExpertGatingFunc.SIGMOID))

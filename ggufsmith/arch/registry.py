@@ -19,7 +19,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "qwen_moe", "deepseek", "glm_moe", "hunyuan", "dots1", "llama4", "gpt_oss",
     "phi3", "glm4", "minimax", "exaone4", "mistral3", "apertus",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
-    "mamba", "qwen_hybrid", "lfm2", "rwkv", "whisper",
+    "mamba", "qwen_hybrid", "lfm2", "nemotron_h", "falcon_h1", "rwkv", "whisper",
     "bert",
 )
 
