@@ -4,7 +4,8 @@ from ggufsmith.errors import GGUFError, GgufsmithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "merge_gguf", "quantize_gguf", "split_gguf"]
+__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "merge_gguf", "quantize_gguf", "set_metadata",
+           "split_gguf"]
 
 
 def convert(src, dst, outtype: str = "f16", arch=None, **options):
@@ -35,3 +36,11 @@ def merge_gguf(first, dst, **options):
     from ggufsmith.converters.split_files import merge_gguf as _merge_gguf
 
     return _merge_gguf(first, dst, **options)
+
+
+def set_metadata(path, changes=(), remove=(), output=None):
+    """Set ("KEY=VALUE", "KEY:TYPE=VALUE") and remove metadata keys of a GGUF file, rewritten safely;
+    see ggufsmith.gguf_writer.edit.set_metadata."""
+    from ggufsmith.gguf_writer.edit import set_metadata as _set_metadata
+
+    return _set_metadata(path, changes, remove, output)

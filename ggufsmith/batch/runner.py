@@ -20,7 +20,7 @@ from ggufsmith.batch.plan import SourceSpec, quantize_args
 from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
 from ggufsmith.converters.split import SplitRule, split_plan
-from ggufsmith.errors import BatchError, one_line
+from ggufsmith.errors import BatchError, GgufsmithError, one_line
 
 G = Keys.General
 
@@ -46,15 +46,11 @@ class OutputResult:
 def gguf_file_name(metadata, outtype: str, pattern: str | None = None, source: str = "") -> str:
     """The output's file name: the GGUF naming convention <BaseName>-<SizeLabel>-<FineTune>-<Version>-<Type>.gguf
     from the general.* keys (general.name when there is no basename), or `pattern` with those fields."""
-    fields = {
-        "basename": _dashed(metadata.get(G.BASENAME) or metadata.get(G.NAME) or "ggml-model"),
-        "size_label": _dashed(metadata.get(G.SIZE_LABEL)), "finetune": _dashed(metadata.get(G.FINETUNE)),
-        "version": _dashed(metadata.get(G.VERSION)), "type": outtype.upper(), "name": _dashed(metadata.get(G.NAME)),
-        "source": _dashed(source),
-    }
+    from ggufsmith.converters.general_metadata import default_file_name, naming_fields
+
     if pattern is None:
-        parts = [fields[k] for k in ("basename", "size_label", "finetune", "version", "type")]
-        return "-".join(p for p in parts if p) + ".gguf"
+        return default_file_name(metadata, outtype)
+    fields = naming_fields(metadata) | {"type": outtype.upper(), "source": _dashed(source)}
     name = pattern.format(**fields)
     name = re.sub(r"-{2,}", "-", name).strip("-").replace("-.", ".")  # fields left empty drop their dash
     return name if name.endswith(".gguf") else name + ".gguf"
@@ -71,16 +67,12 @@ def resolve_source(spec: SourceSpec) -> Path:
         if not spec.path.is_dir():
             raise BatchError(f"{spec.path}: no such model folder")
         return spec.path
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from ggufsmith.readers.hub import snapshot_folder
 
     try:
-        return Path(snapshot_download(spec.repo, revision=spec.revision, local_files_only=not spec.download))
-    except LocalEntryNotFoundError:
-        raise BatchError(f"{spec.repo}: not in the local Hugging Face cache; fetch it with "
-                         f"`hf download {spec.repo}` or set `download: true` for this source") from None
-    except Exception as e:  # the hub client's network and repository errors
-        raise BatchError(f"{spec.repo}: {one_line(e)}") from None
+        return snapshot_folder(spec.repo, spec.revision, download=spec.download)
+    except GgufsmithError as e:
+        raise BatchError(str(e).replace("add --download", "set `download: true` for this source")) from None
 
 
 def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[float], None] | None = None,
@@ -101,7 +93,7 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
             with _warnings_said_once():  # the other types' plans read the same tokenizer and config again
                 plans.update({outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes[1:]})
             for outtype, plan in plans.items():
-                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
+                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, plan.outtype, spec.name_pattern, model_dir.name)
                 files[outtype] = spec.output_dir / name
             _check_distinct(spec, files)
             spec.output_dir.mkdir(parents=True, exist_ok=True)  # the plan's folders are made for it

@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
     "split": ("ggufsmith.cli.split", "cut a GGUF model into parts llama.cpp loads (as llama-gguf-split)"),
     "merge": ("ggufsmith.cli.merge", "join the parts of a split GGUF model into one file (as llama-gguf-split --merge)"),
+    "set-metadata": ("ggufsmith.cli.set_metadata", "change, add or remove metadata keys of a GGUF file (rewritten safely)"),
 }
 
 

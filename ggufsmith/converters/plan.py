@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ggufsmith.arch.base import Architecture
 import numpy as np
@@ -55,7 +56,25 @@ def preset_outtypes() -> list[str]:
 
 
 def all_outtypes() -> list[str]:
-    return list(OUTTYPES) + preset_outtypes()
+    return list(OUTTYPES) + [AUTO_OUTTYPE] + preset_outtypes()
+
+
+# --outtype auto: the 16-bit type the checkpoint's weights are stored in, decided as llama.cpp's
+# converter decides it (its "auto" type): the first tensor of 2 or more dimensions, in reading
+# order, stored as bfloat16 or float16 gives bf16 or f16; float32 tensors are passed over; a
+# checkpoint with neither gives f16. config.json's torch_dtype is not used: finetunes misstate it.
+AUTO_OUTTYPE = "auto"
+
+
+def guess_outtype(tensors: dict[str, LazyTensor]) -> str:
+    for tensor in tensors.values():
+        if len(tensor.shape) < 2:
+            continue
+        if tensor.dtype == "BF16":
+            return "bf16"
+        if tensor.dtype == "F16":
+            return "f16"
+    return "f16"
 
 
 # llama-quantize's replacement for a 256-block type whose blocks do not fit a tensor's rows.
@@ -106,6 +125,7 @@ class ConversionPlan:
     file_type: FileType
     metadata: Metadata
     tensors: list[PlannedTensor]
+    output: Path | None = None  # the file written, once decided (a folder target is given a name)
 
     @property
     def total_bytes(self) -> int:

@@ -36,6 +36,7 @@ class Checkpoint:
     config: HFConfig
     tensors: dict[str, LazyTensor]
     files: list[Path]
+    repo_id: str | None = None  # the Hugging Face repository id it was found by, if any (readers/hub.py)
     _open_files: list[SafetensorsFile] = field(default_factory=list, repr=False)
 
     def close(self) -> None:
