@@ -4,7 +4,8 @@ from ggufsmith.errors import GGUFError, GgufsmithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "quantize_gguf"]
+__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "merge_gguf", "quantize_gguf", "set_metadata",
+           "split_gguf"]
 
 
 def convert(src, dst, outtype: str = "f16", arch=None, **options):
@@ -20,3 +21,26 @@ def quantize_gguf(src, dst, preset, **options):
     from ggufsmith.converters.requantize import quantize_gguf as _quantize_gguf
 
     return _quantize_gguf(src, dst, preset, **options)
+
+
+def split_gguf(src, prefix, rule, **options):
+    """Cut a GGUF model into parts PREFIX-0000i-of-0000n.gguf by a SplitRule (max_size, max_tensors);
+    see ggufsmith.converters.split_files.split_gguf."""
+    from ggufsmith.converters.split_files import split_gguf as _split_gguf
+
+    return _split_gguf(src, prefix, rule, **options)
+
+
+def merge_gguf(first, dst, **options):
+    """Join the parts of a split GGUF model into one file; see ggufsmith.converters.split_files.merge_gguf."""
+    from ggufsmith.converters.split_files import merge_gguf as _merge_gguf
+
+    return _merge_gguf(first, dst, **options)
+
+
+def set_metadata(path, changes=(), remove=(), output=None):
+    """Set ("KEY=VALUE", "KEY:TYPE=VALUE") and remove metadata keys of a GGUF file, rewritten safely;
+    see ggufsmith.gguf_writer.edit.set_metadata."""
+    from ggufsmith.gguf_writer.edit import set_metadata as _set_metadata
+
+    return _set_metadata(path, changes, remove, output)

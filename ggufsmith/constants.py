@@ -342,6 +342,7 @@ class Keys:
         MOE_EVERY_N_LAYERS = "{arch}.moe_every_n_layers"
         INTERLEAVE_MOE_LAYER_STEP = "{arch}.interleave_moe_layer_step"
         NEXTN_PREDICT_LAYERS = "{arch}.nextn_predict_layers"
+        MOE_LATENT_SIZE = "{arch}.moe_latent_size"
         SWIGLU_CLAMP_EXP = "{arch}.swiglu_clamp_exp"
         SWIGLU_CLAMP_SHEXP = "{arch}.swiglu_clamp_shexp"
         POOLING_TYPE = "{arch}.pooling_type"

@@ -35,7 +35,7 @@ def build_model(config_class: str, model_class: str, model_dir: Path, seed: int 
 
 def randomize(model, norm_spread: float = 0.2) -> None:
     """Matrices N(0, 0.15), biases N(0, 0.1), norm weights and other vectors N(1, norm_spread),
-    routers' selection biases (e_score_correction_bias) N(0, 0.1)."""
+    routers' selection biases (e_score_correction_bias, expert_bias) N(0, 0.1)."""
     import torch
 
     with torch.no_grad():
@@ -49,7 +49,7 @@ def randomize(model, norm_spread: float = 0.2) -> None:
         # DeepSeek-style routers' selection bias is a buffer, zero at init: without a spread of its
         # own a file that dropped it would route the same.
         for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith(("e_score_correction_bias", "expert_bias")):  # DeepSeek's, LFM2-MoE's
                 buffer.normal_(0.0, 0.1)
 
 

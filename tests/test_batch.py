@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import ggufsmith
+from ggufsmith.converters.split import SplitRule
 from ggufsmith.batch import batch, load_plan
 from ggufsmith.batch.state import STATE_FILE
 from tests.damaged_inputs import REPO, leftovers, run_cli
@@ -182,6 +183,33 @@ def test_rerun_skips_finished_outputs_and_force_redoes_them(models):
     assert [r.status for r in forced.results] == ["done", "done"]
 
 
+def test_split_outputs_are_the_split_converts_and_resume_by_their_parts(models, tmp_path):
+    plan = models / "split.yaml"
+    plan.write_text("output_dir: split\nsources:\n  - path: models/qwen-c\n    outtypes: [f16, q8_0]\n"
+                    "    split_max_tensors: 6\n    outputs: {f16: c-f16.gguf, q8_0: c-q8.gguf}\n")
+    first = batch(plan)
+    assert [r.status for r in first.results] == ["done", "done"], first.results
+    for r, outtype, name in zip(first.results, ["f16", "q8_0"], ["c-f16", "c-q8"]):
+        theirs = tmp_path / outtype
+        theirs.mkdir()
+        ggufsmith.convert(models / "models" / "qwen-c", theirs / f"{name}.gguf", outtype,
+                          split=SplitRule(max_tensors=6))
+        expected = sorted(theirs.iterdir())
+        ours = sorted((models / "split").glob(f"{name}-*-of-*.gguf"))
+        assert len(ours) > 1 and [p.name for p in ours] == [p.name for p in expected]
+        assert all(a.read_bytes() == b.read_bytes() for a, b in zip(ours, expected))
+        assert r.file == str(ours[0]) and r.size == sum(p.stat().st_size for p in ours)
+    assert not (models / "split" / "c-f16.gguf").exists()
+    second = batch(plan)
+    assert [r.status for r in second.results] == ["skipped", "skipped"]
+    # a missing part makes that output again
+    next((models / "split").glob("c-q8-00002-of-*.gguf")).unlink()
+    assert [r.status for r in batch(plan).results] == ["skipped", "done"]
+    # other limits are other settings: made again
+    plan.write_text(plan.read_text().replace("split_max_tensors: 6", "split_max_tensors: 6\n    split_max_size: 100K"))
+    assert [r.status for r in batch(plan).results] == ["done", "done"]
+
+
 @pytest.mark.slow
 def test_a_broken_checkpoint_fails_alone_with_its_one_line_error(models, tmp_path):
     broken = models / "models" / "broken"
@@ -310,6 +338,9 @@ BAD_PLANS = {
     "no-outtypes": ("sources:\n  - path: m\n", "sources[0]: `outtypes` must be a non-empty list"),
     "unknown-outtype": ("sources:\n  - path: m\n    outtypes: [q4_k_x]\n", "sources[0]: unknown output type 'q4_k_x'"),
     "twice-the-same-type": ("sources:\n  - path: m\n    outtypes: [f16, F16]\n", "sources[0]: an output type is listed twice"),
+    "bad-split-size": ("sources:\n  - path: m\n    outtypes: [f16]\n    split_max_size: 4T\n", "sources[0]: split_max_size '4T'"),
+    "bad-split-tensors": ("sources:\n  - path: m\n    outtypes: [f16]\n    split_max_tensors: -2\n",
+                          "sources[0]: split_max_tensors must be"),
     "bad-option": ("sources:\n  - path: m\n    outtypes: [q4_k_m]\n    options: {purr: true}\n", "sources[0].options: unknown key 'purr'"),
     "bad-tensor-type": ("sources:\n  - path: m\n    outtypes: [q4_k_m]\n    options: {tensor_types: {attn_v: q9}}\n",
                         "sources[0].options: unknown tensor type 'q9'"),

@@ -110,6 +110,11 @@ def output_is_a_directory(run: Run) -> None:
     run.out = run.tmp_path / "out.gguf"
     run.out.mkdir()
     (run.out / "keep.txt").write_text("mine")
+    if run.command == "convert":  # convert names a file in a folder it is given: that name is the directory
+        run.out = run.tmp_path / "models"
+        run.out.mkdir()
+        (run.out / "Model-1.3M-F16.gguf").mkdir()
+        (run.out / "Model-1.3M-F16.gguf" / "keep.txt").write_text("mine")
 
 
 def output_is_a_device_node(run: Run) -> None:
@@ -183,7 +188,7 @@ def _snapshot(path: Path):
     if stat.S_ISLNK(mode):
         return ("link", os.readlink(path))
     if stat.S_ISDIR(mode):
-        return ("directory", sorted((p.name, p.read_bytes()) for p in path.iterdir()))
+        return ("directory", sorted((p.name, _snapshot(p)) for p in path.iterdir()))
     if stat.S_ISREG(mode):
         return ("file", path.read_bytes())
     return ("special", stat.S_IFMT(mode), os.lstat(path).st_rdev)

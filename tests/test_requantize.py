@@ -524,3 +524,61 @@ def ssm_imatrices(ssm_models, tmp_path_factory):
 @pytest.mark.parametrize("model", list(SSM_MODELS))
 def test_convert_every_preset_ssm(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix):
     _convert_preset_check(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix)
+
+
+# Issue 15, gpt-oss: every preset through `convert --outtype PRESET`, with and without an importance
+# matrix, on the float checkpoint (experts stored (in, out), gate and up interleaved, expert biases);
+# and on the MXFP4 checkpoint, whose f32 conversion keeps the experts MXFP4: MXFP4_MOE copies them,
+# another preset re-quantizes them only with --allow-requantize, both as llama-quantize does to the
+# f32 conversion.
+GPTOSS_SHAPE = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+                    intermediate_size=320, num_local_experts=4)
+GPTOSS_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True), ("MXFP4_MOE", True)]
+
+
+@pytest.fixture(scope="module")
+def gptoss_models(tmp_path_factory):
+    from tests.test_arch_gptoss import VOCAB, build_gptoss, save_mxfp4_checkpoint
+    from tests.tokenizer_helpers import train_bpe
+
+    root = tmp_path_factory.mktemp("gptoss")
+    train_bpe(root / "float", "qwen2", vocab_size=VOCAB)
+    build_gptoss(root / "float", **GPTOSS_SHAPE)
+    save_mxfp4_checkpoint(root / "float", root / "mxfp4")
+    out = {}
+    for name in ("float", "mxfp4"):
+        ggufsmith.convert(root / name, root / f"{name}-f32.gguf", "f32")
+        out[name] = (root / name, root / f"{name}-f32.gguf")
+    return out
+
+
+@pytest.fixture(scope="module")
+def gptoss_imatrices(gptoss_models, tmp_path_factory):
+    return _imatrix_files(gptoss_models, tmp_path_factory)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "with_imatrix"), GPTOSS_CASES,
+                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in GPTOSS_CASES])
+def test_convert_every_preset_gptoss(gptoss_models, gptoss_imatrices, tmp_path, preset, with_imatrix):
+    _convert_preset_check(gptoss_models, gptoss_imatrices, tmp_path, "float", preset, with_imatrix,
+                          run=preset in ("Q4_K_M", "MXFP4_MOE"))
+
+
+@pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0", "Q4_K_M"])
+def test_presets_on_the_mxfp4_checkpoint(gptoss_models, tmp_path, preset):
+    model_dir, f32 = gptoss_models["mxfp4"]
+    file_type = get_preset(preset).file_type
+    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    if preset != "MXFP4_MOE":  # the experts' type changes: refused unless asked for, by both
+        assert llama_quantize(f32, theirs, file_type) != 0
+        with pytest.raises(ggufsmith.errors.QuantizationError, match="already MXFP4"):
+            ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset))
+    assert llama_quantize(f32, theirs, file_type, allow_requantize=True) == 0
+    ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset, allow_requantize=True))
+    if preset.lower() in OUTTYPES:
+        assert_same_tensors(ours, theirs)
+    else:
+        assert_same_file(ours, theirs)
+    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(ours).tensors}
+    assert (types["blk.0.ffn_up_exps.weight"] == GGMLType.MXFP4) == (preset == "MXFP4_MOE")

@@ -10,6 +10,9 @@ query per group (n_head_kv == n_head).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+
 import numpy as np
 
 from ggufsmith.arch.tensors import T
@@ -17,6 +20,8 @@ from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder, read_sentence_transformers
 from ggufsmith.errors import ConversionError
+
+log = logging.getLogger(__name__)
 
 
 def regroup_qkv(tensor: LazyTensor, n_head: int, n_head_kv: int, head_dim: int) -> LazyTensor:
@@ -99,3 +104,15 @@ def sentence_transformers_folder(config: HFConfig, arch: str) -> SentenceTransfo
                               f"after pooling would be left out, and llama.cpp's {arch} has no such step: "
                               "its embeddings would not be the model's")
     return folder
+
+
+def without_mtp(source: Mapping[str, LazyTensor], where: object,
+                prefixes: tuple[str, ...] = ("mtp.",)) -> dict[str, LazyTensor]:
+    """The checkpoint's tensors without its multi-token-prediction layers (names starting with one of
+    `prefixes`), left out with one notice: llama.cpp runs the model without them, and their export
+    as a separate file is a later feature."""
+    mtp = [name for name in source if name.startswith(prefixes)]
+    if mtp:
+        log.warning("%s: left out %d multi-token-prediction tensors (%s); llama.cpp runs the model without them",
+                    where, len(mtp), ", ".join(p + "*" for p in prefixes))
+    return {name: tensor for name, tensor in source.items() if not name.startswith(prefixes)}

@@ -271,7 +271,7 @@ class Decoder(Architecture):
         if self.layer_norm:
             keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon", min=0))
         else:
-            keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
+            keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", "norm_eps", min=0))
         if "head_dim" in c:
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)

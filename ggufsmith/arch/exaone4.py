@@ -12,17 +12,15 @@ with a notice.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import Decoder, attention, embeddings, in_block, mlp, norms
 from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-log = logging.getLogger(__name__)
 
 LLAMACPP_SWA_BLOCKS = 64  # llama.cpp's exaone4 has sliding-window layers only at this depth
 MTP_PREFIX = "mtp."
@@ -68,8 +66,4 @@ class Exaone4(Decoder):
         return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layer)]
 
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        mtp = [name for name in source if name.startswith(MTP_PREFIX)]
-        if mtp:
-            log.warning("%s: left out %d multi-token-prediction tensors (%s*): llama.cpp's exaone4 does not run them",
-                        self.config.path, len(mtp), MTP_PREFIX)
-        return super().map_tensors({name: t for name, t in source.items() if not name.startswith(MTP_PREFIX)})
+        return super().map_tensors(without_mtp(source, self.config.path, (MTP_PREFIX,)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
-from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -68,7 +68,6 @@ class GraniteMoe(Granite):
 
 ATTENTION_LAYER = "n_head_kv > 0"  # llama.cpp: a layer is recurrent iff its head_count_kv is 0
 RECURRENT_LAYER = "n_head_kv == 0"
-NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
 
 
 def _dense_shared_mlp() -> dict[str, T | Split]:

@@ -26,6 +26,7 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 RECURRENT_TYPES = ("linear_attention", "mamba")
 ATTENTION_TYPES = ("full_attention", "attention")
 
+NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
 CONV_CHANNELS = "d_inner + 2 * n_group * d_state"
 MAMBA2_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)  # ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
 
@@ -52,9 +53,38 @@ def negative_exp(tensor: LazyTensor) -> LazyTensor:
     return tensor.map(lambda a: (-np.exp(a.astype(np.float64))).astype(np.float32), dtype="F32")
 
 
-def mamba2_mixer(prefix: str, *, conv_bias: str = "required") -> dict[str, T]:
-    """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias: "required" or
-    "optional" (llama.cpp's hybrids load the model without it)."""
+def mamba1_mixer(prefix: str) -> dict[str, T]:
+    """The (first) Mamba mixer of one block (relative HF names under `prefix`): per channel A and D,
+    dt from a low-rank projection. Layout changes: mamba1_transform."""
+    return {
+        prefix + "in_proj.weight": T("ssm_in.weight", "2 * d_inner", "n_embd"),
+        prefix + "conv1d.weight": T("ssm_conv1d.weight", "d_inner", "d_conv"),
+        prefix + "conv1d.bias": T("ssm_conv1d.bias", "d_inner"),
+        prefix + "x_proj.weight": T("ssm_x.weight", "dt_rank + 2 * d_state", "d_inner"),
+        prefix + "dt_proj.weight": T("ssm_dt.weight", "d_inner", "dt_rank"),
+        prefix + "dt_proj.bias": T("ssm_dt.bias", "d_inner"),
+        prefix + "A_log": T("ssm_a", "d_inner", "d_state"),  # llama.cpp names these two without ".weight"
+        prefix + "D": T("ssm_d", "d_inner"),
+        prefix + "out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
+    }
+
+
+MAMBA1_F32 = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
+
+
+def mamba1_transform(name: str, tensor: LazyTensor) -> LazyTensor:
+    """A = -exp(A_log); the depthwise conv's (d_inner, 1, d_conv) as llama.cpp's {d_conv, d_inner}."""
+    if name.endswith(".ssm_a"):
+        return negative_exp(tensor)
+    if name.endswith(".ssm_conv1d.weight"):
+        return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+    return tensor
+
+
+def mamba2_mixer(prefix: str, *, conv_bias: str = "required", norm: str = "required") -> dict[str, T]:
+    """The Mamba-2 mixer of one block (relative HF names under `prefix`). conv_bias, norm: "required"
+    or "optional" (llama.cpp's hybrids load the model without the conv bias; Falcon-H1 without the
+    gated norm)."""
     return {
         prefix + "in_proj.weight": T("ssm_in.weight", "2 * d_inner + 2 * n_group * d_state + dt_rank", "n_embd"),
         prefix + "conv1d.weight": T("ssm_conv1d.weight", CONV_CHANNELS, "d_conv"),
@@ -62,35 +92,46 @@ def mamba2_mixer(prefix: str, *, conv_bias: str = "required") -> dict[str, T]:
         prefix + "dt_bias": T("ssm_dt.bias", "dt_rank"),
         prefix + "A_log": T("ssm_a", "dt_rank", 1),  # llama.cpp names these two without ".weight"
         prefix + "D": T("ssm_d", "dt_rank", 1),
-        prefix + "norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group"),
+        prefix + "norm.weight": T("ssm_norm.weight", "n_group", "d_inner // n_group", optional=norm == "optional"),
         prefix + "out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
     }
 
 
-def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict[str, int] | None = None) -> None:
-    """ssm.* keys from the config's Mamba-2 settings (`prefix` "mamba_" for hybrids that name them
-    mamba_n_heads, mamba_d_state, ...), with the variants llama.cpp cannot run refused."""
+def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict[str, int] | None = None,
+                names: dict[str, tuple[str, ...]] | None = None, inner_from_heads: bool = False) -> None:
+    """ssm.* keys from the config's Mamba-2 settings, with the variants llama.cpp cannot run refused.
+    `prefix` "mamba_": hybrids that name them mamba_n_heads, mamba_d_state, ...; `names` replaces the
+    config names of a setting (expand, n_heads, n_groups, d_conv, d_state, head_dim, proj_bias, and
+    inner: the inner size itself, when set, in place of expand x hidden_size); inner_from_heads: the
+    inner size is heads x head dim, whatever `expand` says (Nemotron-H)."""
     d = {"expand": 2, "n_groups": 8, "d_conv": 4, "d_state": 128, **(defaults or {})}
+    n = {"expand": (f"{prefix}expand", "expand"), "n_heads": (f"{prefix}n_heads", "num_heads"),
+         "n_groups": (f"{prefix}n_groups", "n_groups"), "d_conv": (f"{prefix}d_conv", "conv_kernel"),
+         "d_state": (f"{prefix}d_state", "state_size"), "head_dim": ("mamba_d_head",) if prefix else ("head_dim",),
+         "proj_bias": (f"{prefix}proj_bias", "use_bias"), "inner": (), **(names or {})}
     n_embd = c.get_int("hidden_size", min=1)
-    d_inner = c.get_int(f"{prefix}expand", "expand", default=d["expand"], min=1) * n_embd
-    n_head = c.get_int(f"{prefix}n_heads", "num_heads", min=1)
-    n_group = c.get_int(f"{prefix}n_groups", "n_groups", default=d["n_groups"], min=1)
-    head_dim_key = "mamba_d_head" if prefix else "head_dim"
-    head_dim = c.get(head_dim_key, default="auto")
-    if head_dim != "auto" and c.get_int(head_dim_key, min=1) * n_head != d_inner:
-        raise ConversionError(f"{c.label}: {n_head} Mamba heads x head dim {head_dim} is not the inner size "
-                              f"{d_inner} (expand x hidden_size); the in_proj cannot be split into heads")
+    n_head = c.get_int(*n["n_heads"], min=1)
+    n_group = c.get_int(*n["n_groups"], default=d["n_groups"], min=1)
+    if inner_from_heads:
+        d_inner = n_head * c.get_int(*n["head_dim"], min=1)
+    else:
+        d_inner = c.get_int(*n["inner"], default=None, min=1) if n["inner"] else None
+        d_inner = d_inner or c.get_int(*n["expand"], default=d["expand"], min=1) * n_embd
+        head_dim = c.get(*n["head_dim"], default="auto")
+        if head_dim != "auto" and c.get_int(*n["head_dim"], min=1) * n_head != d_inner:
+            raise ConversionError(f"{c.label}: {n_head} Mamba heads x head dim {head_dim} is not the inner size "
+                                  f"{d_inner}; the in_proj cannot be split into heads")
     if d_inner % n_head or d_inner % n_group:
         raise ConversionError(f"{c.label}: the inner size {d_inner} is not a multiple of the {n_head} heads and "
                               f"{n_group} groups")
-    if c.get_bool(f"{prefix}proj_bias", "use_bias", default=False):
+    if c.get_bool(*n["proj_bias"], default=False):
         raise ConversionError(f"{c.label}: the Mamba in/out projections have biases; llama.cpp's Mamba-2 has none")
     low, high = c.get_bounds("time_step_limit", default=(0.0, math.inf))
     if low > 0.0 or high != math.inf:  # softplus makes dt positive: a low bound of 0 clamps nothing
         raise ConversionError(f"{c.label}: time_step_limit [{low}, {high}] clamps dt; llama.cpp's Mamba-2 does not")
-    keys.u32(Keys.SSM.CONV_KERNEL, c.get_int(f"{prefix}d_conv", "conv_kernel", default=d["d_conv"], min=1))
+    keys.u32(Keys.SSM.CONV_KERNEL, c.get_int(*n["d_conv"], default=d["d_conv"], min=1))
     keys.u32(Keys.SSM.INNER_SIZE, d_inner)
-    keys.u32(Keys.SSM.STATE_SIZE, c.get_int(f"{prefix}d_state", "state_size", default=d["d_state"], min=1))
+    keys.u32(Keys.SSM.STATE_SIZE, c.get_int(*n["d_state"], default=d["d_state"], min=1))
     keys.u32(Keys.SSM.TIME_STEP_RANK, n_head)
     keys.u32(Keys.SSM.GROUP_COUNT, n_group)
 

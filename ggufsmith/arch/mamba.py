@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.decoder import in_block
-from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform, negative_exp
+from ggufsmith.arch.hybrid import (MAMBA1_F32, MAMBA2_F32, mamba1_mixer, mamba1_transform, mamba2_keys, mamba2_mixer,
+                                   mamba2_transform)
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -38,21 +39,10 @@ class Mamba(Architecture):
         "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
         "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
         "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({
-            "norm.weight": T("attn_norm.weight", "n_embd"),
-            "mixer.in_proj.weight": T("ssm_in.weight", "2 * d_inner", "n_embd"),
-            "mixer.conv1d.weight": T("ssm_conv1d.weight", "d_inner", "d_conv"),
-            "mixer.conv1d.bias": T("ssm_conv1d.bias", "d_inner"),
-            "mixer.x_proj.weight": T("ssm_x.weight", "dt_rank + 2 * d_state", "d_inner"),
-            "mixer.dt_proj.weight": T("ssm_dt.weight", "d_inner", "dt_rank"),
-            "mixer.dt_proj.bias": T("ssm_dt.bias", "d_inner"),
-            # llama.cpp names these two without a ".weight" suffix
-            "mixer.A_log": T("ssm_a", "d_inner", "d_state"),
-            "mixer.D": T("ssm_d", "d_inner"),
-            "mixer.out_proj.weight": T("ssm_out.weight", "n_embd", "d_inner"),
-        }, hf_prefix="backbone.layers.{bid}."),
+        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mamba1_mixer("mixer.")},
+                   hf_prefix="backbone.layers.{bid}."),
     }
-    f32_tensors = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
+    f32_tensors = MAMBA1_F32
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -91,12 +81,7 @@ class Mamba(Architecture):
         return m
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
-        if name.endswith(".ssm_a"):
-            return negative_exp(tensor)
-        if name.endswith(".ssm_conv1d.weight"):
-            d_inner, _, d_conv = tensor.shape
-            return tensor.reshape(d_inner, d_conv)
-        return tensor
+        return mamba1_transform(name, tensor)
 
 
 class Mamba2(Architecture):

@@ -26,14 +26,12 @@ converter does with --no-mtp.
 
 from __future__ import annotations
 
-import logging
-import re
 from collections.abc import Mapping
 
 import numpy as np
 
 from ggufsmith.arch.base import ArchKeys, LanguageModelOf, MappedTensor
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
                                     reject_routing, shared_expert, ROUTER)
 from ggufsmith.arch.gemma import offset_norm
@@ -43,7 +41,6 @@ from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-log = logging.getLogger(__name__)
 
 FULL, LINEAR = "full_attention", "linear_attention"
 ATTENTION = "not is_recurrent[bid]"
@@ -73,7 +70,7 @@ MOE = {
 # Qwen3.5's multimodal checkpoints: the vision tower is llama.cpp's mmproj file.
 MULTIMODAL_QWEN35 = LanguageModelOf(prefixes={"model.language_model.": "model."},
                                     skipped={"model.visual.": "the vision tower"})
-MTP = re.compile(r"(model\.)?mtp\.")
+MTP_PREFIXES = ("mtp.", "model.mtp.")
 
 
 def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
@@ -126,11 +123,7 @@ class _GatedDeltaNetHybrid(Decoder):
         keys.u32(Keys.Rope.DIMENSION_COUNT, int(self.head_dim * self.rope.partial_rotary_factor()))
 
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        mtp = [name for name in source if MTP.match(name)]
-        if mtp:
-            log.warning("leaving out the multi-token-prediction layers (%d tensors under mtp.); "
-                        "llama.cpp runs the model without them", len(mtp))
-        return super().map_tensors({name: t for name, t in source.items() if not MTP.match(name)})
+        return super().map_tensors(without_mtp(source, self.config.path, MTP_PREFIXES))
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith("norm.weight") and not name.endswith(".ssm_norm.weight"):

@@ -95,6 +95,9 @@ class Rope:
             keys.f32(Keys.Rope.SCALING_YARN_BETA_SLOW, p.get_float("beta_slow", default=None))
             unsupported = {name: p.get(name) for name, value in _LLAMACPP_YARN_BETAS.items()
                            if p.get(name, default=None) not in (None, value)}
+            if not p.get_bool("truncate", default=True):
+                # ggml always rounds the correction range to whole dimensions (gpt-oss asks not to)
+                unsupported["truncate"] = False
             mscale, mscale_all_dim = (p.get_float(name, default=None) for name in ("mscale", "mscale_all_dim"))
             if yarn_log_multiplier and attention_factor is None and mscale == 1 and mscale_all_dim:
                 # transformers' yarn attention factor (1 + 0.1 ln s) / (1 + 0.1 mscale_all_dim ln s)

@@ -30,7 +30,7 @@ PRESET_OPTIONS = ("pure", "output_tensor_type", "token_embedding_type", "leave_o
                   "override_kv", "include_weights", "exclude_weights")
 # Keys a source may have; all but path/repo/revision/download may also be given under `defaults`.
 SOURCE_KEYS = ("path", "repo", "revision", "download", "outtypes", "imatrix", "arch", "model_name", "options",
-               "output_dir", "name_pattern", "outputs")
+               "output_dir", "name_pattern", "outputs", "split_max_size", "split_max_tensors")
 TOP_KEYS = ("output_dir", "name_pattern", "max_memory", "jobs", "defaults", "sources")
 # Fields a name pattern may use (docs/batch.md); missing ones are empty and their separators dropped.
 PATTERN_FIELDS = ("basename", "size_label", "finetune", "version", "type", "name", "source")
@@ -56,12 +56,14 @@ class SourceSpec:
     options: dict[str, Any] = field(default_factory=dict)
     name_pattern: str | None = None
     outputs: dict[str, str] = field(default_factory=dict)  # outtype -> file name, overriding the pattern
+    split_max_size: int = 0  # bytes of tensor data per part (0: no limit), as --split-max-size
+    split_max_tensors: int = 0  # tensors per part (0: no limit), as --split-max-tensors
 
     def fingerprint(self, outtype: str) -> str:
         """What decides an output's bytes, hashed: a recorded output made with other settings is redone."""
         settings = {"source": str(self.path or f"{self.repo}@{self.revision or 'main'}"), "outtype": outtype,
                     "imatrix": str(self.imatrix or ""), "arch": self.arch, "model_name": self.model_name,
-                    "options": self.options}
+                    "options": self.options, "split": [self.split_max_size, self.split_max_tensors]}
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
@@ -165,6 +167,7 @@ def plan_from_dict(data: dict[str, Any], path: Path) -> BatchPlan:
             spec.download = bool(raw.get("download", False))
         if entry.get("imatrix") is not None:
             spec.imatrix = base / _string(path, where, "imatrix", entry["imatrix"])
+        spec.split_max_size, spec.split_max_tensors = _split_limits(path, where, entry)
         if spec.name_pattern is not None:
             _check_pattern(path, where, spec.name_pattern)
         sources.append(spec)
@@ -187,6 +190,23 @@ def _string(path: Path, where: str, key: str, value: Any) -> str:
 
 def _optional_string(path: Path, where: str, key: str, value: Any) -> str | None:
     return None if value is None else _string(path, where, key, value)
+
+
+def _split_limits(path: Path, where: str, entry: dict[str, Any]) -> tuple[int, int]:
+    """split_max_size (4G, 500M, or bytes: powers of 1000 as --split-max-size) and split_max_tensors."""
+    from ggufsmith.converters.split import parse_split_size
+    from ggufsmith.errors import ConversionError
+
+    size, tensors = entry.get("split_max_size", 0), entry.get("split_max_tensors", 0)
+    if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0):
+        try:
+            size = parse_split_size(str(size))
+        except ConversionError:
+            raise BatchError(f"{path}: {where}: split_max_size {size!r}: expected a number of bytes, optionally "
+                             "followed by K, M or G (powers of 1000), e.g. 4G") from None
+    if isinstance(tensors, bool) or not isinstance(tensors, int) or tensors < 0:
+        raise BatchError(f"{path}: {where}: split_max_tensors must be a whole number of at least 1, got {tensors!r}")
+    return size, tensors
 
 
 def _optional_int(path: Path, key: str, value: Any) -> int | None:
@@ -234,7 +254,7 @@ def quantize_args(options: dict[str, Any]):
         output_tensor_type=type_or_none("output_tensor_type"), token_embedding_type=type_or_none("token_embedding_type"),
         leave_output_tensor=bool(options.get("leave_output_tensor", False)),
         tensor_type=[tensor_type_arg(text) for text in options.get("tensor_types", [])],
-        override_kv=list(options.get("override_kv", [])),
+        override_kv=list(options.get("override_kv", [])), prune_layers=[],
     )
 
 

@@ -19,7 +19,8 @@ from typing import Any
 from ggufsmith.batch.plan import SourceSpec, quantize_args
 from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
-from ggufsmith.errors import BatchError, one_line
+from ggufsmith.converters.split import SplitRule, split_plan
+from ggufsmith.errors import BatchError, GgufsmithError, one_line
 
 G = Keys.General
 
@@ -45,15 +46,11 @@ class OutputResult:
 def gguf_file_name(metadata, outtype: str, pattern: str | None = None, source: str = "") -> str:
     """The output's file name: the GGUF naming convention <BaseName>-<SizeLabel>-<FineTune>-<Version>-<Type>.gguf
     from the general.* keys (general.name when there is no basename), or `pattern` with those fields."""
-    fields = {
-        "basename": _dashed(metadata.get(G.BASENAME) or metadata.get(G.NAME) or "ggml-model"),
-        "size_label": _dashed(metadata.get(G.SIZE_LABEL)), "finetune": _dashed(metadata.get(G.FINETUNE)),
-        "version": _dashed(metadata.get(G.VERSION)), "type": outtype.upper(), "name": _dashed(metadata.get(G.NAME)),
-        "source": _dashed(source),
-    }
+    from ggufsmith.converters.general_metadata import default_file_name, naming_fields
+
     if pattern is None:
-        parts = [fields[k] for k in ("basename", "size_label", "finetune", "version", "type")]
-        return "-".join(p for p in parts if p) + ".gguf"
+        return default_file_name(metadata, outtype)
+    fields = naming_fields(metadata) | {"type": outtype.upper(), "source": _dashed(source)}
     name = pattern.format(**fields)
     name = re.sub(r"-{2,}", "-", name).strip("-").replace("-.", ".")  # fields left empty drop their dash
     return name if name.endswith(".gguf") else name + ".gguf"
@@ -70,16 +67,12 @@ def resolve_source(spec: SourceSpec) -> Path:
         if not spec.path.is_dir():
             raise BatchError(f"{spec.path}: no such model folder")
         return spec.path
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from ggufsmith.readers.hub import snapshot_folder
 
     try:
-        return Path(snapshot_download(spec.repo, revision=spec.revision, local_files_only=not spec.download))
-    except LocalEntryNotFoundError:
-        raise BatchError(f"{spec.repo}: not in the local Hugging Face cache; fetch it with "
-                         f"`hf download {spec.repo}` or set `download: true` for this source") from None
-    except Exception as e:  # the hub client's network and repository errors
-        raise BatchError(f"{spec.repo}: {one_line(e)}") from None
+        return snapshot_folder(spec.repo, spec.revision, download=spec.download)
+    except GgufsmithError as e:
+        raise BatchError(str(e).replace("add --download", "set `download: true` for this source")) from None
 
 
 def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[float], None] | None = None,
@@ -100,7 +93,7 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
             with _warnings_said_once():  # the other types' plans read the same tokenizer and config again
                 plans.update({outtype: _make_plan(checkpoint, spec, outtype) for outtype in spec.outtypes[1:]})
             for outtype, plan in plans.items():
-                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, outtype, spec.name_pattern, model_dir.name)
+                name = spec.outputs.get(outtype) or gguf_file_name(plan.metadata, plan.outtype, spec.name_pattern, model_dir.name)
                 files[outtype] = spec.output_dir / name
             _check_distinct(spec, files)
             spec.output_dir.mkdir(parents=True, exist_ok=True)  # the plan's folders are made for it
@@ -113,18 +106,25 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
                 inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
                 total = max(1, sum(plans[o].total_bytes for o in todo))
                 on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
-                write_plans([(plans[o], files[o]) for o in todo], progress=False, on_bytes=on_bytes, inputs=inputs,
-                            threads=threads)
+                rule = SplitRule(spec.split_max_size, spec.split_max_tensors)
+                parts = {o: split_plan(plans[o], files[o], rule) for o in todo}
+                write_plans([(part, part_path) for o in todo for part_path, part in parts[o]], progress=False,
+                            on_bytes=on_bytes, inputs=inputs, threads=threads)
         seconds = time.monotonic() - started
         results = []
         for outtype in spec.outtypes:
-            path, plan = files[outtype], plans[outtype]
-            record = None if outtype in todo else state.records().get(path.name)
+            name, plan = files[outtype].name, plans[outtype]
+            record = None if outtype in todo else state.records().get(name)
             if record is None:
-                record = {"size": path.stat().st_size, "sha256": file_sha256(path), "source": spec.label,
+                written = [{"file": p.name, "size": p.stat().st_size, "sha256": file_sha256(p)} for p, _ in parts[outtype]]
+                record = {"size": sum(w["size"] for w in written),
+                          "sha256": written[0]["sha256"] if len(written) == 1 else None, "source": spec.label,
                           "outtype": outtype, "fingerprint": spec.fingerprint(outtype),
                           "bits_per_weight": round(plan.bits_per_weight, 4), "seconds": round(seconds, 3)}
-                state.record(path.name, record)
+                if len(written) > 1:  # a split output: its parts, the first one being the file llama.cpp is given
+                    record["parts"] = written
+                state.record(name, record)
+            path = spec.output_dir / record["parts"][0]["file"] if "parts" in record else files[outtype]
             results.append(OutputResult(spec.label, outtype, str(path), "done" if outtype in todo else "skipped",
                                         record["size"], record["bits_per_weight"],
                                         seconds if outtype in todo else 0.0, record["sha256"]))

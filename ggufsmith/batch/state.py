@@ -1,7 +1,8 @@
 """The record of finished outputs, one JSON file beside them: what makes a rerun skip a file.
 
 `.ggufsmith-batch.json` in each output folder maps a file name to its size, sha256, source, outtype
-and the fingerprint of the settings it was made with. An output is done when its record matches the
+and the fingerprint of the settings it was made with (a split output: the unsplit name, and
+`parts`, each part's file, size and sha256). An output is done when its record matches the
 file on disk (same size) and the settings it would be made with now. Workers (local processes or
 Ray tasks on other machines sharing the folder) update the file under an exclusive lock and replace
 it atomically, so a kill at any moment leaves either the old or the new record, never half of one.
@@ -46,9 +47,10 @@ class BatchState:
         record = self.records().get(file_name)
         if not record or record.get("fingerprint") != fingerprint:
             return False
+        files = record.get("parts") or [{"file": file_name, "size": record.get("size")}]  # a split output's parts
         try:
-            return (self.output_dir / file_name).stat().st_size == record.get("size")
-        except OSError:
+            return all((self.output_dir / part["file"]).stat().st_size == part["size"] for part in files)
+        except (OSError, KeyError, TypeError):
             return False
 
     def record(self, file_name: str, entry: dict[str, Any]) -> None:

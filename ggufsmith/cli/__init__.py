@@ -41,6 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "imatrix": ("ggufsmith.cli.imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
     "batch": ("ggufsmith.cli.batch", "convert many models to many types from a plan file, each source read once; locally or on Ray"),
     "inspect": ("ggufsmith.gguf_writer.inspect", "read and validate a GGUF file, print its metadata and tensors"),
+    "split": ("ggufsmith.cli.split", "cut a GGUF model into parts llama.cpp loads (as llama-gguf-split)"),
+    "merge": ("ggufsmith.cli.merge", "join the parts of a split GGUF model into one file (as llama-gguf-split --merge)"),
+    "set-metadata": ("ggufsmith.cli.set_metadata", "change, add or remove metadata keys of a GGUF file (rewritten safely)"),
 }
 
 

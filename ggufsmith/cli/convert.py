@@ -7,7 +7,7 @@ import sys
 
 from ggufsmith.errors import ConversionError
 
-from ggufsmith.converters.plan import OUTTYPES, all_outtypes, is_preset_outtype
+from ggufsmith.converters.plan import OUTTYPES, all_outtypes, is_preset_outtype, preset_outtypes
 
 
 def _architectures_epilog() -> str:
@@ -29,24 +29,40 @@ def _architectures_epilog() -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _architectures_epilog()
-    parser.add_argument("src", metavar="SRC_DIR", help="Hugging Face model folder (config.json and weights)")
-    parser.add_argument("dst", metavar="OUT.gguf", help="GGUF file to write (written whole or not at all)")
+    parser.add_argument("src", metavar="SRC", help="Hugging Face model folder (config.json and weights), or a repository "
+                        "id (Org/Model) found in the local Hugging Face cache (see --download)")
+    parser.add_argument("dst", metavar="OUT", help="GGUF file to write (written whole or not at all), or an existing "
+                        "folder: the file is then named by the GGUF naming convention (Name-1.1B-Chat-v1.0-F16.gguf)")
     parser.add_argument("--outtype", default="f16", choices=all_outtypes(), type=str.lower, metavar="TYPE",
                         help=f"{', '.join(OUTTYPES)}: type of the 2-D weights, norms and biases stay F32 "
-                             "(f32/f16/bf16/q8_0 as convert_hf_to_gguf.py writes them); or a llama-quantize preset "
-                             f"({', '.join(all_outtypes()[len(OUTTYPES):])}): the file llama-quantize makes from the "
+                             "(f32/f16/bf16/q8_0 as convert_hf_to_gguf.py writes them); auto: bf16 or f16, as the "
+                             "checkpoint's weights are stored (as convert_hf_to_gguf.py decides); or a llama-quantize "
+                             f"preset ({', '.join(preset_outtypes())}): the file llama-quantize makes from the "
                              "F32 conversion, without writing it (default: f16)")
+    parser.add_argument("--vocab-only", action="store_true",
+                        help="write the tokenizer and the metadata, no tensors (as convert_hf_to_gguf.py --vocab-only)")
+    parser.add_argument("--metadata", metavar="FILE.json",
+                        help="JSON object of general.* keys (general.name, general.author, general.tags, ...) that "
+                             "replace those found in the model card and config, as convert_hf_to_gguf.py --metadata")
+    parser.add_argument("--download", action="store_true",
+                        help="when SRC is a repository id not in the local Hugging Face cache, download it "
+                             "(the weights, config and tokenizer files) into the cache first")
     parser.add_argument("--arch", metavar="NAME", help="architecture plugin to use (default: from config.json)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_threads_option
+    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_split_options, add_threads_option
 
+    add_split_options(parser)
     add_force_option(parser)
     add_threads_option(parser)
 
     group = parser.add_argument_group("preset options (with --outtype PRESET; as llama-quantize's)")
     add_quantize_options(group)
+    group.add_argument("--allow-requantize", action="store_true",
+                       help="quantize tensors the checkpoint stores already quantized (gpt-oss' MXFP4 experts) to "
+                            "the preset's type, as llama-quantize --allow-requantize does to the F32 conversion "
+                            "(without it a preset that changes their type is refused; MXFP4_MOE keeps them)")
     parser.add_argument("--model-name", metavar="NAME", help="general.name to write (default: from the model card/config/folder)")
     parser.add_argument("--strict-tokenizer", action="store_true",
                         help="refuse a tokenizer that llama.cpp would apply differently from the Hugging Face one on "
@@ -55,30 +71,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ggufsmith.cli.quantize import build_request, print_summary, show_progress
+    from ggufsmith.cli.quantize import build_request, print_summary, show_progress, split_rule
     from ggufsmith.converters.pipeline import convert
 
     request = None
     if is_preset_outtype(args.outtype):
-        request = build_request(args.outtype, args)
+        request = build_request(args.outtype, args, allow_requantize=args.allow_requantize)
     elif _preset_options_used(args):
         raise ConversionError(f"--imatrix, --pure, --tensor-type, --prune-layers ... apply to preset outtypes (q4_k_m, ...), not to {args.outtype}")
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
                    progress=show_progress(args), model_name=args.model_name, quantize_request=request,
-                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None)
+                   strict_tokenizer=args.strict_tokenizer, threads=args.threads or None, split=split_rule(args),
+                   vocab_only=args.vocab_only, metadata=args.metadata, download=args.download)
     if args.dry_run:
         print(plan.describe())
-        print_summary(plan, args.dst, dry_run=True)
+        print_summary(plan, plan.output, dry_run=True, split=split_rule(args))
     elif not args.quiet:
         for t in plan.fallbacks:
             print(f"ggufsmith: {t.name}: {t.note}", file=sys.stderr)
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
-        print_summary(plan, args.dst, dry_run=False)
+        print_summary(plan, plan.output, dry_run=False, split=split_rule(args))
     return 0
 
 
 def _preset_options_used(args: argparse.Namespace) -> bool:
     return bool(args.imatrix or args.include_weights or args.exclude_weights or args.pure or args.output_tensor_type
                 or args.token_embedding_type or args.leave_output_tensor or args.tensor_type or args.override_kv
-                or args.prune_layers)
+                or args.prune_layers or args.allow_requantize)

@@ -71,6 +71,41 @@ def add_quantize_options(parser: argparse.ArgumentParser) -> None:
                         help="leave these blocks out and renumber the others (block_count and per-layer arrays follow)")
 
 
+def split_size_arg(text: str) -> int:
+    from ggufsmith.converters.split import parse_split_size
+    from ggufsmith.errors import ConversionError
+
+    try:
+        return parse_split_size(text)
+    except ConversionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def positive_int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
+    return value
+
+
+def add_split_options(parser: argparse.ArgumentParser) -> None:
+    """llama.cpp's --split-max-size / --split-max-tensors (converters/split.py)."""
+    parser.add_argument("--split-max-size", type=split_size_arg, default=0, metavar="N[K|M|G]",
+                        help="write the model as parts OUT-00001-of-0000n.gguf ... of at most N bytes of tensor data "
+                             "each (K, M, G: powers of 1000), which llama.cpp loads given the first")
+    parser.add_argument("--split-max-tensors", type=positive_int_arg, default=0, metavar="N",
+                        help="write the model as parts of at most N tensors each")
+
+
+def split_rule(args: argparse.Namespace):
+    from ggufsmith.converters.split import SplitRule
+
+    return SplitRule(args.split_max_size, args.split_max_tensors)
+
+
 def add_force_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="if the output is an existing device or FIFO, write into it (it is never replaced; "
@@ -104,9 +139,14 @@ def build_request(preset: str, args: argparse.Namespace, allow_requantize: bool 
     )
 
 
-def print_summary(plan, dst: str, dry_run: bool) -> None:
+def print_summary(plan, dst: str, dry_run: bool, split=None) -> None:
+    from ggufsmith.converters.split import split_plan
+
     print(plan.type_summary(), file=sys.stderr)
     verb = "would write" if dry_run else "wrote"
+    parts = split_plan(plan, dst, split) if split is not None and split.active else []
+    if len(parts) > 1:
+        dst = f"{len(parts)} parts {parts[0][0]} ... {parts[-1][0].name}"
     print(f"{verb} {dst}: {len(plan.tensors)} tensors, {plan.total_bytes / 2**20:.2f} MiB of tensor data, "
           f"{plan.bits_per_weight:.2f} bits per weight, {plan.arch_name}, {plan.outtype}", file=sys.stderr)
 
@@ -122,6 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_quantize_options(parser)
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
+    add_split_options(parser)
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
     add_force_option(parser)
@@ -133,9 +174,10 @@ def run(args: argparse.Namespace) -> int:
 
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
     plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
-                         keep_split=args.keep_split, force=args.force, threads=args.threads or None)
+                         keep_split=args.keep_split, split=split_rule(args), force=args.force,
+                         threads=args.threads or None)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:
-        print_summary(plan, args.dst, args.dry_run)
+        print_summary(plan, args.dst, args.dry_run, None if args.keep_split else split_rule(args))
     return 0

@@ -11,12 +11,14 @@ and writes all their files in one pass over the source tensors. `convert` is the
   an f16 file last) waits in a spill file: in memory up to SPILL_MEMORY, then on disk beside the
   output in an anonymous temporary file (nothing is left behind, even after a kill).
 - Any error ends every file of the source: writers delete their temporary files, no target is
-  touched. Each file still appears only once complete (the writer renames its temporary file).
+  touched. The files are renamed onto their targets only once every one of them is complete (the
+  parts of a split model appear together, or none does).
 """
 
 from __future__ import annotations
 
 import queue
+import resource
 import sys
 import tempfile
 import threading
@@ -31,9 +33,10 @@ from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, Keys
 from ggufsmith.converters import pipeline
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
 from ggufsmith.converters.workers import Quantizer, lookahead_bytes, resolve_workers
+from ggufsmith.errors import OutputError
 from ggufsmith.gguf_writer.writer import GGUFWriter
 from ggufsmith.quantize.presets import llama_tensor_order
-from ggufsmith.readers.gguf_source import GGUFTensor
+from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.readers.safetensors import RowSlicedTensor
 
 # Bytes of early tensors a file keeps in memory before its spill file moves to disk.
@@ -41,6 +44,8 @@ SPILL_MEMORY = 64 << 20
 # Pieces queued for one writer thread: bounds what a slow writer holds back.
 QUEUE_PIECES = 4
 _READ_CHUNK = 16 << 20
+# Descriptors left for the inputs (memory-mapped checkpoint files, the importance matrix, spill files).
+FD_MARGIN = 256
 
 _END = object()  # a tensor's last piece was sent
 _ABORT = object()  # the producer failed: give up the file
@@ -74,6 +79,7 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
                 on_bytes(n)
 
     workers = resolve_workers(threads)
+    _enough_file_descriptors(len(jobs), Path(jobs[0][1]))
     inputs = tuple(inputs)
     sinks = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufsmith-convert")
@@ -105,10 +111,40 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
             sink.close(abort=not finished)
         quantizer.close()
         bar.close()
-    for sink in sinks:
-        if sink.error is not None:
-            raise sink.error
+        errors = [sink.error for sink in sinks if sink.error is not None]
+        if not finished or errors:
+            for sink in sinks:
+                sink.writer.abort()
+    if errors:
+        raise errors[0]
+    _commit_all(sinks)
     return [sink.path for sink in sinks]
+
+
+def _enough_file_descriptors(n_files: int, first: Path) -> None:
+    """Every file is open until all are complete (two descriptors each: data and lock), as gguf-py's
+    split writer keeps its shards open: raise the soft limit if needed, else refuse in one line
+    rather than fail midway with "too many open files"."""
+    needed = 2 * n_files + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    if hard == resource.RLIM_INFINITY or needed <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+        return
+    raise OutputError(f"{first}: {n_files} files written at once need {needed} open files, above this process's "
+                      f"limit of {hard} (ulimit -n); write fewer parts (a larger --split-max-size or --split-max-tensors)")
+
+
+def _commit_all(sinks: list[_Sink]) -> None:
+    """Every file is complete: rename them all onto their targets (the parts of a split model, the
+    files of a batch appear together). A failed rename deletes the temporary files not yet renamed."""
+    try:
+        for sink in sinks:
+            sink.writer.commit()
+    finally:
+        for sink in sinks:
+            sink.writer.abort()  # a no-op for the committed ones
 
 
 def _groups(jobs: list[tuple[ConversionPlan, Path]]) -> list[tuple[str, list[tuple[int, PlannedTensor]]]]:
@@ -127,7 +163,7 @@ def _units(group: list[tuple[int, PlannedTensor]], quantizer: Quantizer) -> Iter
     """The work units of one tensor for every file that has it (pipeline._work_units for several files)."""
     tensors = [t for _, t in group]
     tensor = tensors[0].tensor
-    shared = len(group) > 1 and not any(isinstance(t.tensor, GGUFTensor) and t.tensor.stored_type == t.ggml_type
+    shared = len(group) > 1 and not any(isinstance(t.tensor, EncodedTensor) and t.tensor.stored_type == t.ggml_type
                                         for t in tensors)
     if not shared:
         # one file (or copied bytes): the single-file units, with their fast paths
@@ -234,7 +270,7 @@ class _Sink:
         try:
             for name in self.order:
                 self.writer.write_tensor_pieces(name, self._pieces())
-            self.writer.finish()
+            self.writer.finish(commit=False)  # renamed by write_plans once every file is complete
         except _Aborted:
             self.writer.abort()
         except BaseException as e:  # noqa: BLE001 - handed to the producer's thread

@@ -14,7 +14,7 @@ metadata, see readers/model_card.py).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -217,15 +217,17 @@ _INT32_RANGE = range(-(2**31), 2**31)
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _add_sampling(md: Metadata, path: Path) -> None:
-    """The recommended sampling settings of generation_config.json, each checked for type and range."""
+def _read_sampling(path: Path) -> dict[str, Any]:
+    """key -> value: the recommended sampling settings of generation_config.json, each checked for type and range."""
     if not path.is_file():
-        return
+        return {}
     generation = read_json(path)
+    found = {}
     for names, key, vtype in _SAMPLING:
         name = next((n for n in names if generation.get(n) is not None), None)
         if name is not None:
-            md.add(key, _sampling_value(path, name, generation[name], vtype), vtype)
+            found[key] = _sampling_value(path, name, generation[name], vtype)
+    return found
 
 
 def _sampling_value(path: Path, name: str, value: Any, vtype: GGUFValueType) -> Any:
@@ -246,8 +248,13 @@ def _sampling_value(path: Path, name: str, value: Any, vtype: GGUFValueType) -> 
     raise ConversionError(f"{path}: {name} is {shown(value)}, expected {expected}; fix or remove it")
 
 
-def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterCount, name: str | None = None) -> Metadata:
-    """general.type, the sampling settings and the authorship keys, in llama.cpp's order."""
+def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterCount, name: str | None = None,
+                     overrides: MetadataOverrides | None = None, repo_id: str | None = None) -> Metadata:
+    """general.type, the sampling settings and the authorship keys, in llama.cpp's order.
+
+    `overrides` (--metadata FILE) replace what the model card, config and folder name give;
+    `name` (--model-name) wins over both. `repo_id`: the Hub id the folder was found by (a cache
+    snapshot's folder is named by a commit hash), used in place of the folder's name."""
     model_dir = Path(model_dir)
     card = ModelCard.from_dir(model_dir)
     found: dict[str, Any] = {}
@@ -272,27 +279,33 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
     ids = []
     if isinstance(name_or_path, str) and name_or_path.count("/") <= 1:
         ids.append(name_or_path)
-    ids.append(model_dir.resolve().name)
+    folder_name = repo_id or model_dir.resolve().name
+    ids.append(folder_name)
     for model_id in ids:
         parsed = parse_model_id(model_id, params.total)
         take("name", title_case(parsed.name) if parsed.name else None)
         take("organization", title_case(parsed.organization) if parsed.organization else None)
         for attr in ("basename", "finetune", "version", "size_label"):
             take(attr, getattr(parsed, attr))
+    overrides = overrides or MetadataOverrides()
+    found.update(overrides.fields)
     if name is not None:
         found["name"] = name
     if found.get("name") is None:
-        found["name"] = model_dir.resolve().name
+        found["name"] = folder_name
     if found.get("size_label") is None and params.total > 0:
         found["size_label"] = params.size_label()
 
     md = Metadata()
     md.add_string(G.TYPE, "model")
-    _add_sampling(md, model_dir / GENERATION_CONFIG)
+    sampling = _read_sampling(model_dir / GENERATION_CONFIG) | overrides.sampling
+    for _, key, vtype in _SAMPLING:
+        if key in sampling:
+            md.add(key, sampling[key], vtype)
     for field_name, key in (
         ("name", G.NAME), ("author", G.AUTHOR), ("version", G.VERSION), ("organization", G.ORGANIZATION),
         ("finetune", G.FINETUNE), ("basename", G.BASENAME), ("description", G.DESCRIPTION),
-        ("size_label", G.SIZE_LABEL),
+        ("quantized_by", G.QUANTIZED_BY), ("size_label", G.SIZE_LABEL),
     ):
         if found.get(field_name) is not None:
             md.add_string(key, str(found[field_name]))
@@ -300,19 +313,21 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
     if license_ is not None:
         md.add_string(G.LICENSE, ",".join(license_) if isinstance(license_, list) else str(license_))
     for field_name, key in (
-        ("license_name", G.LICENSE_NAME), ("license_link", G.LICENSE_LINK), ("source_url", G.SOURCE_URL),
+        ("license_name", G.LICENSE_NAME), ("license_link", G.LICENSE_LINK), ("url", G.URL), ("doi", G.DOI),
+        ("uuid", G.UUID), ("repo_url", G.REPO_URL), ("source_url", G.SOURCE_URL),
         ("source_doi", G.SOURCE_DOI), ("source_uuid", G.SOURCE_UUID), ("source_repo_url", G.SOURCE_REPO_URL),
     ):
         if found.get(field_name) is not None:
             md.add_string(key, str(found[field_name]))
-    _add_references(md, card.references("base_model", "base_models", "base_model_sources"),
-                    G.BASE_MODEL_COUNT, _BASE_MODEL_KEYS, params.total)
-    _add_references(md, card.references("datasets", "dataset", "dataset_sources"),
-                    G.DATASET_COUNT, _DATASET_KEYS, params.total)
-    tags = card.texts("tags", "pipeline_tag")
+    lists = overrides.lists
+    base_models = lists.get("base_models", card.references("base_model", "base_models", "base_model_sources"))
+    _add_references(md, base_models, G.BASE_MODEL_COUNT, _BASE_MODEL_KEYS, params.total)
+    datasets = lists.get("datasets", card.references("datasets", "dataset", "dataset_sources"))
+    _add_references(md, datasets, G.DATASET_COUNT, _DATASET_KEYS, params.total)
+    tags = lists.get("tags", card.texts("tags", "pipeline_tag"))
     if tags:
         md.add_array(G.TAGS, tags, GGUFValueType.STRING)
-    languages = card.texts("languages", "language")
+    languages = lists.get("languages", card.texts("languages", "language"))
     if languages:
         md.add_array(G.LANGUAGES, languages, GGUFValueType.STRING)
     return md
@@ -332,3 +347,110 @@ def _add_references(md: Metadata, refs: list, count_key: str, key_templates: dic
         for field_name, template in key_templates.items():
             if field_name in entry:
                 md.add_string(template.format(id=i), entry[field_name])
+
+
+# -- --metadata FILE ------------------------------------------------------------------------------
+# llama.cpp's converter reads a JSON object of general.* keys that replace what it found in the
+# model card, config and folder name (gguf-py's Metadata.load). The same keys, with the same
+# effect: a key replaces the value found, --model-name still wins over general.name, and
+# general.license is not among them. A key llama.cpp does not know is refused here, naming it,
+# where llama.cpp would silently drop it (a misspelt key would otherwise pass unnoticed).
+
+_OVERRIDE_FIELDS = {  # key -> field of `found` in general_metadata
+    G.NAME: "name", G.AUTHOR: "author", G.VERSION: "version", G.ORGANIZATION: "organization",
+    G.FINETUNE: "finetune", G.BASENAME: "basename", G.DESCRIPTION: "description", G.QUANTIZED_BY: "quantized_by",
+    G.SIZE_LABEL: "size_label", G.LICENSE_NAME: "license_name", G.LICENSE_LINK: "license_link", G.URL: "url",
+    G.DOI: "doi", G.UUID: "uuid", G.REPO_URL: "repo_url", G.SOURCE_URL: "source_url", G.SOURCE_DOI: "source_doi",
+    G.SOURCE_UUID: "source_uuid", G.SOURCE_REPO_URL: "source_repo_url",
+}
+_OVERRIDE_LISTS = {"general.base_models": "base_models", "general.datasets": "datasets", G.TAGS: "tags",
+                   G.LANGUAGES: "languages"}
+_SAMPLING_TYPES = {key: vtype for _, key, vtype in _SAMPLING}
+
+
+@dataclass
+class MetadataOverrides:
+    """The contents of a --metadata file, checked: authorship fields, sampling keys and lists."""
+
+    fields: dict[str, str] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)
+    lists: dict[str, list] = field(default_factory=dict)
+
+
+def read_metadata_overrides(path: str | Path) -> MetadataOverrides:
+    """The --metadata JSON file; a value of the wrong type or an unknown key is an error naming it."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object of general.* keys, found {type(data).__name__}")
+    overrides = MetadataOverrides()
+    for key, value in data.items():
+        if key in _OVERRIDE_FIELDS:
+            if not isinstance(value, str):
+                raise ConversionError(f"{path}: {key} is {shown(value)}, expected a string")
+            overrides.fields[_OVERRIDE_FIELDS[key]] = value
+        elif key in _SAMPLING_TYPES:
+            overrides.sampling[key] = _sampling_value(path, key, value, _SAMPLING_TYPES[key])
+        elif key in _OVERRIDE_LISTS:
+            overrides.lists[_OVERRIDE_LISTS[key]] = _override_list(path, key, value)
+        else:
+            known = ", ".join(sorted([*_OVERRIDE_FIELDS, *_SAMPLING_TYPES, *_OVERRIDE_LISTS]))
+            raise ConversionError(f"{path}: unknown key {key!r}; the keys llama.cpp's --metadata accepts are: {known}")
+    return overrides
+
+
+def _override_list(path: Path, key: str, value: Any) -> list:
+    if not isinstance(value, list):
+        raise ConversionError(f"{path}: {key} is {shown(value)}, expected a list")
+    if key in (G.TAGS, G.LANGUAGES):
+        if not all(isinstance(v, str) for v in value):
+            raise ConversionError(f"{path}: {key} must be a list of strings")
+        return value
+    for entry in value:  # base models and data sets: objects of name, organization, repo_url, ...
+        if not isinstance(entry, dict) or not all(k in _REFERENCE_FIELDS and isinstance(v, str) for k, v in entry.items()):
+            raise ConversionError(f"{path}: each entry of {key} must be an object of strings with the keys "
+                                  f"{', '.join(_REFERENCE_FIELDS)}; found {shown(entry)}")
+    return value
+
+
+# -- the GGUF naming convention -------------------------------------------------------------------
+
+def naming_fields(metadata: Metadata) -> dict[str, str]:
+    """The parts of the GGUF naming convention from the general.* keys, each with spaces and slashes
+    made dashes ("" when absent); the basename is general.name when there is no general.basename."""
+
+    def dashed(value: Any) -> str:
+        return "" if value is None else str(value).strip().replace(" ", "-").replace("/", "-")
+
+    return {
+        "basename": dashed(metadata.get(G.BASENAME) or metadata.get(G.NAME) or "ggml-model"),
+        "size_label": dashed(metadata.get(G.SIZE_LABEL)), "finetune": dashed(metadata.get(G.FINETUNE)),
+        "version": dashed(metadata.get(G.VERSION)), "name": dashed(metadata.get(G.NAME)),
+    }
+
+
+def default_file_name(metadata: Metadata, encoding: str, vocab_only: bool = False) -> str:
+    """The file name the GGUF spec's naming convention gives, as llama.cpp's converter names the file
+    it writes into a folder: <basename or name>-<size label>-<finetune>-<version>-<ENCODING>.gguf,
+    and <basename or name>-<finetune>-<version>-vocab.gguf for a vocab-only file."""
+    fields = naming_fields(metadata)
+    if vocab_only:
+        parts = [fields["basename"], fields["finetune"], fields["version"], "vocab"]
+    else:
+        parts = [fields[k] for k in ("basename", "size_label", "finetune", "version")] + [encoding.upper()]
+    return "-".join(p for p in parts if p) + ".gguf"
+
+
+# An output name may hold the type to be filled in, as llama.cpp's converter allows
+# ("model-{ftype}.gguf", useful with --outtype auto): lowercase or, spelt in capitals, uppercase.
+_TYPE_TEMPLATES = ("{ftype}", "{outtype}", "{FTYPE}", "{OUTTYPE}")
+
+
+def has_type_template(name: str) -> bool:
+    return any(t in name for t in _TYPE_TEMPLATES)
+
+
+def fill_type_template(name: str, outtype: str) -> str:
+    for template in _TYPE_TEMPLATES:
+        name = name.replace(template, outtype.upper() if template.isupper() else outtype.lower())
+    return name

@@ -295,7 +295,10 @@ def _latent_attention_hooks(attention, k_b: _Target | None, v_b: _Target | None,
 def _expert_hook(module, gate_up_targets, down_targets, accumulator: Accumulator) -> Callable:
     """Per-expert statistics of a fused experts module called as experts(hidden, top_k_index, weights):
     the gate and up matrices of expert e see the hidden states of the tokens routed to e; its down
-    matrix sees act(gate) * up of those tokens (before the routing weight, as in llama.cpp's graph)."""
+    matrix sees the gated activation of those tokens (before the routing weight, as in llama.cpp's
+    graph), computed as the module computes it: its stacks (experts, out, in), or (experts, in, out)
+    where transformers marks them `is_transposed` (gpt-oss), its biases (`has_bias`) and its own
+    gate (`_apply_gate`: gpt-oss' clamped SwiGLU on interleaved gate/up; else act(gate) * up)."""
     import torch
 
     def hook(mod, args, kwargs):
@@ -305,9 +308,11 @@ def _expert_hook(module, gate_up_targets, down_targets, accumulator: Accumulator
             raise ConversionError(f"{type(mod).__name__}: unexpected call signature; ggufsmith imatrix cannot read its routing")
         hidden = hidden.detach().reshape(-1, hidden.shape[-1])
         gate_up_proj = mod.gate_up_proj
-        if gate_up_proj.shape[-1] != hidden.shape[-1]:
+        transposed = bool(getattr(mod, "is_transposed", False))
+        if gate_up_proj.shape[-2 if transposed else -1] != hidden.shape[-1]:
+            layout = "(experts, hidden, 2*ff)" if transposed else "(experts, 2*ff, hidden)"
             raise ConversionError(
-                f"{type(mod).__name__}: gate_up_proj of shape {tuple(gate_up_proj.shape)} is not (experts, 2*ff, hidden); "
+                f"{type(mod).__name__}: gate_up_proj of shape {tuple(gate_up_proj.shape)} is not {layout}; "
                 "this expert layout is not supported by ggufsmith imatrix"
             )
         routing = top_k_index.reshape(hidden.shape[0], -1)
@@ -317,8 +322,15 @@ def _expert_hook(module, gate_up_targets, down_targets, accumulator: Accumulator
             for t in gate_up_targets:
                 accumulator.add(t, expert, rows)
             if down_targets:
-                gate, up = torch.nn.functional.linear(rows, gate_up_proj[expert]).chunk(2, dim=-1)
-                inner = mod.act_fn(gate) * up
+                weight = gate_up_proj[expert]
+                gate_up = rows @ weight if transposed else torch.nn.functional.linear(rows, weight)
+                if getattr(mod, "has_bias", False):
+                    gate_up = gate_up + mod.gate_up_proj_bias[expert]
+                if hasattr(mod, "_apply_gate"):
+                    inner = mod._apply_gate(gate_up)
+                else:
+                    gate, up = gate_up.chunk(2, dim=-1)
+                    inner = mod.act_fn(gate) * up
                 for t in down_targets:
                     accumulator.add(t, expert, inner)
 

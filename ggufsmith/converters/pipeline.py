@@ -22,10 +22,14 @@ from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
-from ggufsmith.converters.general_metadata import count_parameters, general_metadata
-from ggufsmith.readers.gguf_source import GGUFTensor
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, is_preset_outtype, outtype_of, plan_tensor
+from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, default_file_name,
+                                                   fill_type_template, general_metadata, has_type_template,
+                                                   read_metadata_overrides)
+from ggufsmith.readers.lazy_tensor import EncodedTensor
+from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, file_type_with_stored,
+                                      guess_outtype, is_preset_outtype, outtype_of, plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
+from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -64,27 +68,37 @@ def make_plan(
     with_tokenizer: bool = True,
     quantize_request: QuantizeRequest | None = None,
     strict_tokenizer: bool = False,
+    vocab_only: bool = False,
+    metadata_overrides: MetadataOverrides | None = None,
 ) -> ConversionPlan:
     """Every output tensor's name, shape, type and size, and all metadata; nothing is loaded yet.
 
+    `vocab_only` plans the file llama.cpp's converter writes with --vocab-only: every key (the
+    tokenizer's, the model's), no tensor. `metadata_overrides`: see general_metadata.
+
     A preset outtype (q4_k_m, q4_0, ...) plans the F32 conversion, then what llama-quantize makes
     of that file; `quantize_request` carries llama-quantize's options (default: the preset's).
-    `strict_tokenizer` refuses a tokenizer llama.cpp would apply differently on some text."""
-    if is_preset_outtype(outtype) or quantize_request is not None:
+    `strict_tokenizer` refuses a tokenizer llama.cpp would apply differently on some text.
+    `outtype` "auto" is bf16 or f16, from the checkpoint's storage type (plan.guess_outtype)."""
+    if outtype.lower() == AUTO_OUTTYPE:
+        outtype = guess_outtype(checkpoint.tensors)
+    if (is_preset_outtype(outtype) or quantize_request is not None) and not vocab_only:
         request = quantize_request or QuantizeRequest(outtype)
         f32 = make_plan(checkpoint, "f32", arch, model_name=model_name, with_tokenizer=with_tokenizer,
-                        strict_tokenizer=strict_tokenizer)
+                        strict_tokenizer=strict_tokenizer, metadata_overrides=metadata_overrides)
         return apply_preset(f32, request)
     target, file_type = outtype_of(outtype)
     plugin = resolve_architecture(checkpoint, arch)
     plugin.read_scalars(checkpoint.tensors)  # the few numbers some plugins write as keys (before metadata())
     mapped = plugin.map_tensors(checkpoint.tensors)
     planned = [plan_tensor(m.name, m.sources, m.tensor, target, plugin) for m in mapped]
+    file_type = file_type_with_stored(file_type, planned)
 
-    params = count_parameters([(t.name, t.shape) for t in planned])
+    params = count_parameters([] if vocab_only else [(t.name, t.shape) for t in planned])
     metadata = Metadata()
     metadata.add_string(Keys.General.ARCHITECTURE, plugin.name)
-    metadata.update(general_metadata(checkpoint.model_dir, checkpoint.config.values, params, model_name))
+    metadata.update(general_metadata(checkpoint.model_dir, checkpoint.config.values, params, model_name,
+                                     metadata_overrides, repo_id=checkpoint.repo_id))
     metadata.update(plugin.metadata())
     metadata.add_uint32(Keys.General.FILE_TYPE, int(file_type))
     metadata.add_uint32(Keys.General.QUANTIZATION_VERSION, GGML_QUANTIZATION_VERSION)
@@ -92,7 +106,7 @@ def make_plan(
         metadata.update(tokenizer_metadata(checkpoint.model_dir, _vocab_size(checkpoint, planned), plugin.tokenizer_kind,
                                            strict=strict_tokenizer))
     plugin.check(mapped, metadata)
-    return ConversionPlan(plugin, outtype.lower(), file_type, metadata, planned)
+    return ConversionPlan(plugin, outtype.lower(), file_type, metadata, [] if vocab_only else planned)
 
 
 def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | None:
@@ -108,7 +122,7 @@ def _vocab_size(checkpoint: Checkpoint, planned: list[PlannedTensor]) -> int | N
 def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callable[[], np.ndarray], int]]:
     """(function giving the next piece of the tensor's GGUF bytes, its size), in order."""
     tensor = t.tensor
-    if isinstance(tensor, GGUFTensor) and tensor.stored_type == t.ggml_type:
+    if isinstance(tensor, EncodedTensor) and tensor.stored_type == t.ggml_type:
         # already of the type wanted: its bytes are copied as they are, as llama-quantize does
         yield from _row_slices(t, tensor.raw_rows)
         return
@@ -264,22 +278,45 @@ def convert(
     strict_tokenizer: bool = False,
     force: bool = False,
     threads: int | None = None,
+    split: SplitRule | None = None,
+    vocab_only: bool = False,
+    metadata: str | Path | None = None,
+    download: bool = False,
 ) -> ConversionPlan:
-    """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan.
+    """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan (its
+    `output` is the path written).
 
-    `outtype` is one of plan.OUTTYPES, or a llama-quantize preset name (q4_k_m, ...: the file
-    llama-quantize would make from the F32 conversion, made without any intermediate file);
-    `imatrix` an importance matrix file for the preset. `arch` a registered architecture name
-    (default: chosen from config.json). `threads`: workers (default: every core this process may
-    use; the file is the same for any number). With `dry_run` nothing is written. `dst` appears
-    only once complete; it may not be one of the inputs, nor a directory, device or FIFO unless
-    `force`. Where llama.cpp will tokenize some text differently from the Hugging Face tokenizer,
-    one warning is logged; `strict_tokenizer` makes that an error (docs/tokenizers.md).
+    `src` may also be a repository id ("Org/Model") found in the local Hugging Face cache, or
+    downloaded into it with `download` (readers/hub.py). `dst` may be an existing folder: the file
+    is then named by the GGUF naming convention, as llama.cpp's converter names it; `{ftype}` or
+    `{outtype}` in its name is replaced by the type (`{FTYPE}`, `{OUTTYPE}`: in capitals), as there.
+    `outtype` is one of plan.OUTTYPES, "auto" (bf16 or f16, as the checkpoint is stored, as
+    llama.cpp decides), or a llama-quantize preset name (q4_k_m, ...: the file llama-quantize
+    would make from the F32 conversion, made without any intermediate file); `imatrix` an
+    importance matrix file for the preset. `arch` a registered architecture name (default: chosen
+    from config.json). `threads`: workers (default: every core this process may use; the file is
+    the same for any number). With `dry_run` nothing is written. `vocab_only` writes the
+    tokenizer and the metadata, no tensor (llama.cpp loads it with vocab_only). `metadata` is a
+    JSON file of general.* keys replacing those found (llama.cpp's --metadata). `dst` appears only
+    once complete; it may not be one of the inputs, nor a device or FIFO unless `force`. Where
+    llama.cpp will tokenize some text differently from the Hugging Face tokenizer, one warning is
+    logged; `strict_tokenizer` makes that an error (docs/tokenizers.md). `split` cuts the output into
+    parts DST-00001-of-0000n.gguf ... (converters/split.py), which appear together once all are complete.
     """
+    from ggufsmith.readers.hub import resolve_source
+
     resolve_workers(threads)  # reject a bad count before reading anything
+    src, repo_id = resolve_source(src, download=download)
     dst = Path(dst)
-    inputs = folder_files(src) + ([Path(imatrix)] if imatrix is not None else [])
-    check_target(dst, inputs, force=force)  # before any work
+    into_folder = dst.is_dir()
+    templated = not into_folder and has_type_template(dst.name)
+    overrides = read_metadata_overrides(metadata) if metadata is not None else None
+    inputs = folder_files(src) + [Path(p) for p in (imatrix, metadata) if p is not None]
+    if not into_folder and not templated:
+        check_target(dst, inputs, force=force)  # before any work
+    if vocab_only and (is_preset_outtype(outtype) or quantize_request is not None or imatrix is not None):
+        raise ConversionError(f"--vocab-only writes no tensors: give a plain --outtype ({', '.join(OUTTYPES)}, auto), "
+                              f"not {outtype}")
     if is_preset_outtype(outtype) or quantize_request is not None:
         quantize_request = quantize_request or QuantizeRequest(outtype)
         if imatrix is not None:
@@ -288,11 +325,28 @@ def convert(
             quantize_request.imatrix = read_imatrix(imatrix)
     elif imatrix is not None:
         raise ConversionError(f"an importance matrix is used by quantization presets (q4_k_m, ...), not by --outtype {outtype}")
-    else:
+    elif outtype.lower() != AUTO_OUTTYPE:
         outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
+        checkpoint.repo_id = repo_id
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
-                         quantize_request=quantize_request, strict_tokenizer=strict_tokenizer)
+                         quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
+                         metadata_overrides=overrides)
+        # the type a name says is general.file_type's, as llama.cpp's converter names it (MOSTLY_BF16: BF16)
+        encoding = plan.file_type.name.partition("_")[2]
+        if into_folder:
+            dst = dst / default_file_name(plan.metadata, encoding, vocab_only)
+        elif templated:
+            dst = dst.with_name(fill_type_template(dst.name, encoding))
+        if into_folder or templated:  # named now that the type is known
+            check_target(dst, inputs + checkpoint.files, force=force)
+        plan.output = dst
+        parts = split_plan(plan, dst, split or SplitRule())
+        for path, _ in parts:
+            check_target(path, inputs, force=force)
         if not dry_run:
-            write_plan(plan, dst, progress=progress, inputs=inputs + checkpoint.files, force=force, threads=threads)
+            from ggufsmith.converters.fanout import write_plans
+
+            write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs + checkpoint.files,
+                        force=force, threads=threads)
     return plan

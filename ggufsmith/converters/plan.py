@@ -8,19 +8,25 @@ The rules follow llama.cpp so that its loader and kernels get what they expect:
 - when a tensor's rows are not a whole number of the type's blocks, it falls back the way
   llama.cpp does: a k-quant to the 32-block type llama-quantize picks for it (Q2_K/Q3_K -> Q4_0,
   Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0) and, when even 32 does not divide the rows, F16, as
-  convert_hf_to_gguf.py does for Q8_0.
+  convert_hf_to_gguf.py does for Q8_0;
+- a tensor the checkpoint stores already in a GGML type (gpt-oss' MXFP4 experts: an EncodedTensor,
+  see readers/quantized.py) keeps that type whatever the output type, its bytes copied as they are,
+  as llama.cpp's converter does; a float output type then labels the file by that format
+  (general.file_type MOSTLY_MXFP4_MOE for f32/f16/bf16, as llama.cpp's converter does), and a
+  preset treats the tensor as llama-quantize treats a tensor of that type in its input file.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ggufsmith.arch.base import Architecture
 import numpy as np
 
 from ggufsmith.constants import GGML_TYPE_LAYOUT, FileType, GGMLType, Keys
-from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.lazy_tensor import EncodedTensor, LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.writer import tensor_data_size
@@ -50,7 +56,25 @@ def preset_outtypes() -> list[str]:
 
 
 def all_outtypes() -> list[str]:
-    return list(OUTTYPES) + preset_outtypes()
+    return list(OUTTYPES) + [AUTO_OUTTYPE] + preset_outtypes()
+
+
+# --outtype auto: the 16-bit type the checkpoint's weights are stored in, decided as llama.cpp's
+# converter decides it (its "auto" type): the first tensor of 2 or more dimensions, in reading
+# order, stored as bfloat16 or float16 gives bf16 or f16; float32 tensors are passed over; a
+# checkpoint with neither gives f16. config.json's torch_dtype is not used: finetunes misstate it.
+AUTO_OUTTYPE = "auto"
+
+
+def guess_outtype(tensors: dict[str, LazyTensor]) -> str:
+    for tensor in tensors.values():
+        if len(tensor.shape) < 2:
+            continue
+        if tensor.dtype == "BF16":
+            return "bf16"
+        if tensor.dtype == "F16":
+            return "f16"
+    return "f16"
 
 
 # llama-quantize's replacement for a 256-block type whose blocks do not fit a tensor's rows.
@@ -101,6 +125,7 @@ class ConversionPlan:
     file_type: FileType
     metadata: Metadata
     tensors: list[PlannedTensor]
+    output: Path | None = None  # the file written, once decided (a folder target is given a name)
 
     @property
     def total_bytes(self) -> int:
@@ -194,6 +219,30 @@ def choose_type(name: str, shape: tuple[int, ...], target: GGMLType, plugin: Arc
 def plan_tensor(name: str, sources: tuple[str, ...], tensor: LazyTensor, target: GGMLType, plugin: Architecture) -> PlannedTensor:
     if not 1 <= len(tensor.shape) <= 4:
         raise ConversionError(f"{name} ({tensor.source}): {len(tensor.shape)} dimensions; GGUF allows 1 to 4")
-    ggml_type, note = choose_type(name, tensor.shape, target, plugin)
+    if is_stored_encoded(tensor):
+        ggml_type = tensor.stored_type  # fixed by the checkpoint: copied, never encoded again
+        note = "" if ggml_type == target else f"stored {ggml_type.name} in the checkpoint: kept"
+    else:
+        ggml_type, note = choose_type(name, tensor.shape, target, plugin)
     nbytes = tensor_data_size(name, tensor.shape, ggml_type)
     return PlannedTensor(name, sources, tensor.shape, tensor.dtype, ggml_type, nbytes, note, tensor)
+
+
+def is_stored_encoded(tensor: LazyTensor) -> bool:
+    """A checkpoint tensor whose bytes are already in a GGML type (not a float the converter encodes)."""
+    return isinstance(tensor, EncodedTensor) and tensor.stored_type not in _FLOAT_TYPES
+
+
+_FLOAT_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+# The file type llama.cpp's converter writes for a float output type when the checkpoint stores
+# some tensors in one of these types (they keep it; see the module docstring).
+_STORED_FILE_TYPES = {GGMLType.MXFP4: FileType.MOSTLY_MXFP4_MOE}
+
+
+def file_type_with_stored(file_type: FileType, planned: list[PlannedTensor]) -> FileType:
+    """general.file_type of a plain conversion: `file_type`, but a float conversion of a checkpoint
+    with tensors kept in their stored quantized type is labelled by that type."""
+    if file_type not in (FileType.ALL_F32, FileType.MOSTLY_F16, FileType.MOSTLY_BF16):
+        return file_type
+    stored = [t.ggml_type for t in planned if is_stored_encoded(t.tensor) and t.ggml_type in _STORED_FILE_TYPES]
+    return _STORED_FILE_TYPES[stored[0]] if stored else file_type

@@ -7,16 +7,15 @@ does not change are copied byte for byte, the others dequantized and quantized i
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
-from ggufsmith.constants import GGUFValueType, Keys
-from ggufsmith.readers.gguf_source import open_gguf_model, split_paths
-from ggufsmith.converters.pipeline import write_plan
+from ggufsmith.constants import Keys
+from ggufsmith.readers.gguf_source import GGUFModel, open_gguf_model, split_paths
+from ggufsmith.converters.fanout import write_plans
 from ggufsmith.converters.workers import resolve_workers
 from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
-from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, set_key
-from ggufsmith.gguf_writer.metadata import Metadata
+from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset
+from ggufsmith.converters.split import SplitRule, part_plans, split_plan
 from ggufsmith.gguf_writer.output import check_target
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.writer import tensor_data_size
@@ -31,6 +30,7 @@ def quantize_gguf(
     dry_run: bool = False,
     progress: bool = False,
     keep_split: bool = False,
+    split: SplitRule | None = None,
     force: bool = False,
     threads: int | None = None,
 ) -> ConversionPlan:
@@ -39,8 +39,13 @@ def quantize_gguf(
     Returns the plan. `threads`: workers (default: every core this process may use; the file is
     the same for any number). `dst` appears only once complete; with `dry_run` nothing is written.
     `dst` may not be an input (a part of `src`, the importance matrix), nor a directory, device or
-    FIFO unless `force` (see gguf_writer/output.py)."""
+    FIFO unless `force` (see gguf_writer/output.py). `keep_split`: one output file per part of a
+    split input (llama-quantize --keep-split); `split`: the output cut into parts by that rule
+    (converters/split.py). The parts appear together, once all are complete."""
     resolve_workers(threads)  # reject a bad count before reading anything
+    if split is not None and split.active and keep_split:
+        raise ConversionError("--keep-split keeps the input's parts; it cannot be combined with "
+                              "--split-max-size or --split-max-tensors")
     if isinstance(request, str):
         request = QuantizeRequest(request)
     src, dst = Path(src), Path(dst)
@@ -52,23 +57,28 @@ def quantize_gguf(
             inputs += split_paths(src, model.n_splits)
         if Keys.General.ARCHITECTURE not in model.metadata:
             raise ConversionError(f"{src}: no general.architecture key; only model files can be quantized")
-        planned = [
-            PlannedTensor(name, (t.source,), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
-            for name, t in model.tensors.items()
-        ]
-        source = ConversionPlan(None, "input", int(model.metadata.get(Keys.General.FILE_TYPE, 0)), model.metadata, planned)
-        plan = apply_preset(source, request, keep_order=keep_split)
+        plan = apply_preset(stored_plan(model), request, keep_order=keep_split)
         _check_decodable(src, plan)
+        if keep_split:
+            parts = part_plans(plan, dst, [[t for t in plan.tensors if t.tensor.split_index == index]
+                                           for index in range(model.n_splits)])
+        else:
+            parts = split_plan(plan, dst, split or SplitRule())
+        for path, _ in parts:
+            check_target(path, inputs, force=force)  # every part before anything is written
         if not dry_run:
-            if keep_split:
-                parts = split_plans(plan, dst, model.n_splits)
-                for path, _ in parts:
-                    check_target(path, inputs, force=force)  # every part before writing the first
-                for path, part in parts:
-                    write_plan(part, path, progress=progress, inputs=inputs, force=force, threads=threads)
-            else:
-                write_plan(plan, dst, progress=progress, inputs=inputs, force=force, threads=threads)
+            write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs, force=force,
+                        threads=threads)
     return plan
+
+
+def stored_plan(model: GGUFModel) -> ConversionPlan:
+    """The model as it is: every tensor in its stored type, in the order of the parts, bytes copied."""
+    planned = [
+        PlannedTensor(name, (t.source,), t.shape, t.dtype, t.stored_type, tensor_data_size(name, t.shape, t.stored_type), "", t)
+        for name, t in model.tensors.items()
+    ]
+    return ConversionPlan(None, "input", int(model.metadata.get(Keys.General.FILE_TYPE, 0)), model.metadata, planned)
 
 
 def _check_decodable(src: Path, plan: ConversionPlan) -> None:
@@ -81,28 +91,3 @@ def _check_decodable(src: Path, plan: ConversionPlan) -> None:
                 f"{src}: tensor {t.name} is stored as {stored.name}, which ggufsmith cannot decode to requantize it to "
                 f"{t.ggml_type.name}; start from the F16/F32 file (or use llama-quantize)"
             )
-
-
-def split_plans(plan: ConversionPlan, dst: Path, n_splits: int) -> list[tuple[Path, ConversionPlan]]:
-    """llama-quantize --keep-split's files: part i holds the tensors of input part i, named
-    DST-0000i-of-0000n.gguf (DST without .gguf); the first part has all metadata, the others only
-    the split.* keys, which every part gets at the end."""
-    prefix = str(dst)[: -len(".gguf")] if str(dst).endswith(".gguf") else str(dst)
-    parts = []
-    for index in range(n_splits):
-        metadata = plan.metadata if index == 0 else Metadata()
-        metadata = _copy(metadata)
-        set_key(metadata, Keys.Split.NO, index, GGUFValueType.UINT16)
-        set_key(metadata, Keys.Split.COUNT, n_splits, GGUFValueType.UINT16)
-        set_key(metadata, Keys.Split.TENSORS_COUNT, len(plan.tensors), GGUFValueType.INT32)
-        tensors = [t for t in plan.tensors if t.tensor.split_index == index]
-        path = Path(f"{prefix}-{index + 1:05d}-of-{n_splits:05d}.gguf")
-        parts.append((path, dataclasses.replace(plan, metadata=metadata, tensors=tensors)))
-    return parts
-
-
-def _copy(metadata: Metadata) -> Metadata:
-    copy = Metadata()
-    for key, value in metadata.items():
-        copy.add_read_value(key, value)
-    return copy

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_MAX_TENSOR_NAME_BYTES, GGUFValueType
+from ggufsmith.constants import GGUF_DEFAULT_ALIGNMENT, GGUF_INTEGER_TYPES, GGUF_MAX_TENSOR_NAME_BYTES, GGUFValueType, Keys
 from ggufsmith.gguf_writer.encoding import align_offset
 from ggufsmith.gguf_writer.metadata import MetadataValue, check_key
 from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor
-from ggufsmith.errors import GGUFError
+from ggufsmith.errors import GGUFError, GgufsmithError, one_line
 
 # The naming convention's regular expression from the GGUF spec ("Validating Above Naming
 # Convention"), in Python syntax: <BaseName>-<SizeLabel>-<FineTune>-<Version>-<Encoding>-<Type>-<Shard>.gguf
@@ -119,6 +119,9 @@ def json_pieces(reader: GGUFReader) -> Iterator[str]:
     for i, t in enumerate(reader.tensors):
         yield f"{',' if i else ''}\n  {json.dumps(_tensor_entry(t))}"
     yield f"\n ],\n \"totals\": {json.dumps(tensor_totals(reader))},\n"
+    split = split_report(reader)
+    if split is not None:
+        yield f' "split": {json.dumps(split)},\n'
     yield f' "naming": {json.dumps(check_file_name(reader.path.name))},\n "warnings": ['
     for i, warning in enumerate(llama_cpp_warnings(reader)):
         yield f"{',' if i else ''}\n  {json.dumps(warning)}"
@@ -157,6 +160,58 @@ def llama_cpp_warnings(reader: GGUFReader) -> Iterator[str]:
                 f"stored in order, each padded to the alignment (offset {expected_offset})"
             )
         expected_offset = align_offset(t.relative_offset + t.nbytes, reader.alignment)
+
+
+def split_report(reader: GGUFReader) -> dict[str, Any] | None:
+    """For a part of a split model (split.count above 1): which part it is, and for the first part
+    the whole model: each part's tensors and bytes, the totals, and what would stop llama.cpp from
+    loading it (a missing or damaged part, tensor counts that do not add up)."""
+    count = _int_key(reader, Keys.Split.COUNT)
+    if count is None or count <= 1:
+        return None
+    number = (_int_key(reader, Keys.Split.NO) or 0) + 1
+    report: dict[str, Any] = {"part": number, "count": count, "warnings": []}
+    if number != 1:
+        return report
+    from ggufsmith.readers.gguf_source import split_paths
+
+    warnings = report["warnings"]
+    try:
+        paths = split_paths(reader.path, count)
+    except GgufsmithError as e:
+        warnings.append(str(e))
+        return report
+    parts, names = [], set()
+    for index, path in enumerate(paths):
+        try:
+            part = reader if index == 0 else GGUFReader(path)
+        except (OSError, GgufsmithError) as e:
+            warnings.append(f"part {path.name} cannot be read ({one_line(e)}): llama.cpp will not load the model")
+            continue
+        if index and _int_key(part, Keys.Split.NO) != index:
+            warnings.append(f"{path.name} has split.no {_int_key(part, Keys.Split.NO)}, not {index}")
+        duplicates = names.intersection(t.name for t in part.tensors)
+        if duplicates:
+            warnings.append(f"tensor {sorted(duplicates)[0]} is in more than one part")
+        names.update(t.name for t in part.tensors)
+        totals = tensor_totals(part)
+        parts.append({"file": path.name, "tensors": len(part.tensors), "parameters": totals["parameters"],
+                      "tensor_bytes": totals["tensor_bytes"]})
+    tensors = sum(p["tensors"] for p in parts)
+    expected = _int_key(reader, Keys.Split.TENSORS_COUNT)
+    if expected != tensors and len(parts) == count:
+        warnings.append(f"the parts hold {tensors} tensors but split.tensors.count is {expected}")
+    report.update(tensors_count=expected, parts=parts, totals={
+        "tensors": tensors, "parameters": sum(p["parameters"] for p in parts),
+        "tensor_bytes": sum(p["tensor_bytes"] for p in parts)})
+    return report
+
+
+def _int_key(reader: GGUFReader, key: str) -> int | None:
+    if key not in reader.metadata:
+        return None
+    item = reader.metadata[key]
+    return int(item.value) if item.type in GGUF_INTEGER_TYPES else None
 
 
 def _json_value(item: MetadataValue) -> Iterator[str]:
@@ -219,7 +274,16 @@ def text_lines(reader: GGUFReader) -> Iterator[str]:
             "file name: does not follow the GGUF naming convention "
             "(<BaseName>-<SizeLabel>-<FineTune>-<Version>-<Encoding>-<Type>-<Shard>.gguf)"
         )
-    for i, warning in enumerate(llama_cpp_warnings(reader)):
+    split = split_report(reader)
+    if split is not None:
+        yield f"split model: part {split['part']} of {split['count']}"
+        if "totals" in split:
+            totals = split["totals"]
+            yield (f"  all parts: {totals['tensors']:,} tensors (split.tensors.count {split['tensors_count']}), "
+                   f"{totals['parameters']:,} parameters, {totals['tensor_bytes']:,} bytes of tensor data")
+            for part in split["parts"]:
+                yield f"  {part['file']}: {part['tensors']} tensors, {part['tensor_bytes']:,} bytes"
+    for i, warning in enumerate(chain(llama_cpp_warnings(reader), split["warnings"] if split else ())):
         if i == 0:
             yield ""
             yield "warnings:"

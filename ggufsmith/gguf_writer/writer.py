@@ -213,8 +213,11 @@ class GGUFWriter:
             raise self._fail(f"expected data of tensor {info.name!r} next, got {name!r} ({known})")
         return info
 
-    def finish(self) -> Path:
-        """Check every tensor was written, then move the file into place. Returns the path."""
+    def finish(self, commit: bool = True) -> Path:
+        """Check every tensor was written, then move the file into place. Returns the path.
+
+        `commit=False` stops short of the rename: the file is complete but stays temporary until
+        commit() (or is deleted by abort()), so that several files can appear together."""
         if self._state == "declaring":
             self._write_header()
         self._expect("writing", "finish")
@@ -223,13 +226,20 @@ class GGUFWriter:
             raise self._fail(
                 f"{len(self._tensors) - self._next} declared tensor(s) have no data yet, starting with {missing!r}"
             )
+        self._state = "complete"
+        if commit:
+            self.commit()
+        return self.path
+
+    def commit(self) -> None:
+        """Rename the complete file (finish(commit=False)) onto its target."""
+        self._expect("complete", "commit")
         try:
             self._out.commit(self.fsync)
         except BaseException:
             self.abort()
             raise
         self._state = "closed"
-        return self.path
 
     def abort(self) -> None:
         """Give up: delete the temporary file. Safe to call in any state."""

@@ -5,8 +5,9 @@ Weights are found the way Hugging Face saves them, in this order of preference:
   pytorch_model.bin.index.json + shards, pytorch_model.bin.
 Tensors come in the order of their files (sorted by name, as llama.cpp's converter reads them)
 and, within a .safetensors file, sorted by name as llama.cpp's converter lists them (the file
-itself orders its data by dtype first); within a .bin file, in the file's own order. Weights of a pre-quantized release (FP8, ...) come
-dequantized (readers/prequantized.py).
+itself orders its data by dtype first); within a .bin file, in the file's own order. Weights of a
+release published quantized (config.json quantization_config) come either as tensors that keep
+their bytes, for a format GGUF shares (MXFP4), or dequantized (FP8, ...): readers/quantized.py.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
-from ggufsmith.readers.prequantized import dequantize_checkpoint
+from ggufsmith.readers.quantized import decode_quantized
 from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
 
@@ -35,6 +36,7 @@ class Checkpoint:
     config: HFConfig
     tensors: dict[str, LazyTensor]
     files: list[Path]
+    repo_id: str | None = None  # the Hugging Face repository id it was found by, if any (readers/hub.py)
     _open_files: list[SafetensorsFile] = field(default_factory=list, repr=False)
 
     def close(self) -> None:
@@ -75,8 +77,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
                 file_of[name] = path
         if weight_map is not None:
             _check_index(model_dir, weight_map, file_of)
-        # FP8 and other pre-quantized releases: their weights as float32, their scales consumed
-        checkpoint.tensors = dequantize_checkpoint(checkpoint.tensors, config)
+        checkpoint.tensors = decode_quantized(checkpoint.tensors, config)
     except BaseException:
         checkpoint.close()
         raise

@@ -1,6 +1,6 @@
 """A GGUF file (or the parts of a split one) as the input of a plan: `ggufsmith quantize`.
 
-Each tensor becomes a GGUFTensor, a RowSlicedTensor whose rows are dequantized on demand from
+Each tensor becomes a GGUFTensor, an EncodedTensor whose rows are dequantized on demand from
 the memory-mapped file, and whose stored bytes can be copied as they are when its type does not
 change. A model split by llama.cpp's gguf-split (NAME-00001-of-00003.gguf ...) is read whole, as
 llama.cpp's loader reads it.
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufsmith.constants import GGUF_INTEGER_TYPES, GGMLType, GGUFValueType, Keys, arch_key
-from ggufsmith.readers.safetensors import RowSlicedTensor
+from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.gguf_writer.reader import GGUFReader, ReaderTensor
@@ -30,13 +30,8 @@ _ARCH_INTEGER_KEYS = (Keys.LLM.BLOCK_COUNT, Keys.LLM.EXPERT_COUNT, Keys.Attentio
 
 
 @dataclass(frozen=True)
-class GGUFTensor(RowSlicedTensor):
-    stored_type: GGMLType = GGMLType.F32
-    raw_loader: object = None  # Callable[[int, int], np.ndarray]: the stored bytes of rows [start, stop)
-    split_index: int = 0
-
-    def raw_rows(self, start: int, stop: int) -> np.ndarray:
-        return self.raw_loader(start, stop)
+class GGUFTensor(EncodedTensor):
+    split_index: int = 0  # the part of a split model it is in
 
 
 def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggufsmith.constants import GGMLType
 from ggufsmith.errors import ConversionError
 
 
@@ -89,10 +90,12 @@ class LazyTensor:
             source or f"{first.source} (+{len(tensors) - 1} joined)",
         )
 
-    def split(self, parts: int, axis: int = -2) -> list[LazyTensor]:
+    def split(self, parts: int, axis: int = -2, *, interleaved: bool = False) -> list[LazyTensor]:
         """`parts` equal pieces along `axis` (e.g. a fused gate_up of stacked experts, (E, 2F, D),
-        into gate (E, F, D) and up (E, F, D)). Along any axis but the last, a piece of a
-        row-sliceable tensor is row-sliceable too, so a stack of several GB still streams."""
+        into gate (E, F, D) and up (E, F, D)): consecutive ranges, or with `interleaved` every
+        parts-th index (gpt-oss alternates gate and up rows: piece i takes indices i, i + parts, ...).
+        Along any axis but the last, a piece of a row-sliceable tensor is row-sliceable too, so a
+        stack of several GB still streams, and a piece of an EncodedTensor keeps its stored bytes."""
         axis = axis % len(self.shape)
         if self.shape[axis] % parts:
             raise ConversionError(f"{self.source}: {self.shape[axis]} along axis {axis} do not split into {parts} equal parts")
@@ -100,14 +103,18 @@ class LazyTensor:
         shape = (*self.shape[:axis], width, *self.shape[axis + 1:])
         pieces = []
         for index in range(parts):
-            lo, hi = index * width, (index + 1) * width
-            cut = (slice(None),) * axis + (slice(lo, hi),)
+            first, step = (index, parts) if interleaved else (index * width, 1)
+            cut = (slice(None),) * axis + (slice(first, first + step * width, step),)
             load = lambda cut=cut: np.ascontiguousarray(self.load()[cut])  # noqa: E731
             source = f"{self.source} (part {index + 1} of {parts})"
             if isinstance(self, RowSlicedTensor) and axis < len(self.shape) - 1:
-                rows = _RowBlocks(self, axis, lo, hi)
-                pieces.append(RowSlicedTensor(shape, self.dtype, load, source, rows.load,
-                                              rows.load_stored if self.stored_rows_loader else None))
+                rows = _RowBlocks(self, axis, first, width, step)
+                stored = rows.load_stored if self.stored_rows_loader else None
+                if isinstance(self, EncodedTensor):
+                    pieces.append(EncodedTensor(shape, self.dtype, load, source, rows.load, stored,
+                                                stored_type=self.stored_type, raw_loader=rows.load_raw))
+                else:
+                    pieces.append(RowSlicedTensor(shape, self.dtype, load, source, rows.load, stored))
             else:
                 pieces.append(LazyTensor(shape, self.dtype, load, source))
         return pieces
@@ -158,6 +165,20 @@ class RowSlicedTensor(LazyTensor):
         return self.stored_rows_loader(start, stop)
 
 
+@dataclass(frozen=True)
+class EncodedTensor(RowSlicedTensor):
+    """A tensor whose data is stored already in a GGML type (a GGUF file's tensors, a checkpoint's
+    MXFP4 experts): `raw_rows` gives the GGUF bytes of a range of rows as they are, so that a tensor
+    written in the type it is stored in is copied, not decoded and encoded again. load() and
+    load_rows() give the values, decoded (for a tensor whose type changes)."""
+
+    stored_type: GGMLType = GGMLType.F32
+    raw_loader: object = None  # Callable[[int, int], np.ndarray]: the stored bytes of rows [start, stop)
+
+    def raw_rows(self, start: int, stop: int) -> np.ndarray:
+        return self.raw_loader(start, stop)
+
+
 def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored: bool) -> np.ndarray:
     """Rows [start, stop) of the parts stacked (each part has the same number of rows)."""
     per_part = parts[0].n_rows
@@ -173,16 +194,18 @@ def _rows_across(parts: Sequence[RowSlicedTensor], start: int, stop: int, stored
 
 @dataclass(frozen=True)
 class _RowBlocks:
-    """The rows of a piece [lo, hi) along `axis` of a row-sliceable tensor, in the source's rows.
+    """The rows of a piece of a row-sliceable tensor along `axis`: indices first, first + step, ...
+    (`count` of them) of that axis, in the source's rows.
 
     With outer = the product of the axes before `axis` and inner = of those between it and the
-    last, the piece's rows for each outer index are one contiguous block of (hi - lo) * inner
-    source rows, starting at (outer_index * size + lo) * inner."""
+    last, index i of the piece for outer index o is the block of `inner` source rows starting at
+    (o * size + first + i * step) * inner; consecutive indices are contiguous when step is 1."""
 
     source: RowSlicedTensor
     axis: int
-    lo: int
-    hi: int
+    first: int
+    count: int
+    step: int = 1
 
     def load(self, start: int, stop: int) -> np.ndarray:
         return self._gather(start, stop, self.source.load_rows)
@@ -190,17 +213,31 @@ class _RowBlocks:
     def load_stored(self, start: int, stop: int) -> np.ndarray:
         return self._gather(start, stop, self.source.load_stored_rows)
 
+    def load_raw(self, start: int, stop: int) -> np.ndarray:
+        return self._gather(start, stop, self.source.raw_rows)
+
     def _gather(self, start: int, stop: int, rows: Callable[[int, int], np.ndarray]) -> np.ndarray:
         shape = self.source.shape
         inner = int(np.prod(shape[self.axis + 1:-1], dtype=np.int64))
-        block = (self.hi - self.lo) * inner  # piece rows per outer index
+        block = self.count * inner  # piece rows per outer index
         pieces = []
         position = start
         while position < stop:
             outer, offset = divmod(position, block)
             take = min(stop - position, block - offset)
-            first = (outer * shape[self.axis] + self.lo) * inner + offset
-            pieces.append(rows(first, first + take))
+            base = (outer * shape[self.axis] + self.first) * inner
+            if self.step == 1:
+                pieces.append(rows(base + offset, base + offset + take))
+            else:
+                # one read of the source rows spanning the indices wanted, every step-th index kept
+                # (one call, not one per index: a transposed source reads a whole matrix per call)
+                first, last = offset // inner, (offset + take - 1) // inner
+                n_read = (last - first) * self.step + 1  # indices read
+                span = rows(base + first * self.step * inner, base + (first * self.step + n_read) * inner)
+                span = span.reshape(n_read * inner, -1)  # a row per line (raw bytes come flat)
+                kept = span.reshape(n_read, inner, -1)[::self.step].reshape(-1, span.shape[1])
+                skip = offset - first * inner
+                pieces.append(kept[skip:skip + take])
             position += take
         if not pieces:
             return rows(0, 0)

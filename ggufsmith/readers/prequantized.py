@@ -52,7 +52,8 @@ def dequantize_checkpoint(tensors: dict[str, LazyTensor], config: HFConfig) -> d
         scales = _pairs(tensors, "_scale")
     else:
         raise ConversionError(f"{config.path}: quantization_config quant_method {method!r} is not supported "
-                              "(supported: fp8, fbgemm_fp8, compressed-tensors float/int-quantized); convert an unquantized copy")
+                              "(supported: mxfp4, fp8, fbgemm_fp8, compressed-tensors float/int-quantized); convert an "
+                              "unquantized copy")
     if block is not None and not (len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
         raise qc.error("weight_block_size", block, "two positive integers")
     out: dict[str, LazyTensor] = {}

@@ -1,0 +1,78 @@
+"""Jamba (`JambaForCausalLM`, AI21): Mamba layers (the first Mamba's mixer, with RMSNorms of dt, B
+and C) and attention layers (no positional encoding) by a period and offset, and a feed-forward in
+every layer that is routed experts by another period and offset (softmax top-k, the chosen
+weights not renormalized: what llama.cpp's jamba computes), a dense MLP elsewhere. llama.cpp
+tells the attention layers by their head_count_kv and the MoE layers by their router."""
+
+from __future__ import annotations
+
+from ggufsmith.arch.base import ArchKeys
+from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, experts, in_block, mlp
+from ggufsmith.arch.hybrid import MAMBA1_F32, mamba1_mixer, mamba1_transform, only_where
+from ggufsmith.arch.tensors import T
+from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.errors import ConversionError
+from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.lazy_tensor import LazyTensor
+
+ATTENTION = "n_head_kv > 0"
+MAMBA = "n_head_kv == 0"
+MOE = "bid >= moe_offset and (bid - moe_offset) % moe_period == 0"
+DENSE = f"not ({MOE})"
+
+
+class Jamba(Decoder):
+    name = "jamba"
+    hf_classes = ("JambaForCausalLM",)
+    model_types = ("jamba",)
+    tensor_names = {
+        **embeddings(),
+        "model.final_layernorm.weight": T("output_norm.weight", "n_embd"),
+        **in_block({
+            "input_layernorm.weight": T("attn_norm.weight", "n_embd"),
+            "pre_ff_layernorm.weight": T("ffn_norm.weight", "n_embd"),
+            **only_where(attention(biases="none"), ATTENTION),
+            **only_where({
+                **mamba1_mixer("mamba."),
+                "mamba.dt_layernorm.weight": T("ssm_dt_norm.weight", "dt_rank"),
+                "mamba.b_layernorm.weight": T("ssm_b_norm.weight", "d_state"),
+                "mamba.c_layernorm.weight": T("ssm_c_norm.weight", "d_state"),
+            }, MAMBA),
+            **mlp(biases="none", when=DENSE, prefix="feed_forward."),
+            **experts(prefix="feed_forward.", router="router", when=MOE, per_expert=("gate_proj", "up_proj", "down_proj")),
+        }),
+    }
+    del tensor_names["model.norm.weight"]  # Jamba calls its final norm final_layernorm
+    f32_tensors = ROUTER + MAMBA1_F32
+    dim_names = ("moe_offset", "moe_period")
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        c = self.config
+        n_layer = c.get_int("num_hidden_layers", min=1)
+        offset, period = c.get_int("attn_layer_offset", min=0), c.get_int("attn_layer_period", min=1)
+        self.attention_layers = [i >= offset and (i - offset) % period == 0 for i in range(n_layer)]
+        if c.get_bool("mamba_proj_bias", default=False) or not c.get_bool("mamba_conv_bias", default=True):
+            raise ConversionError(f"{c.label}: mamba_proj_bias true or mamba_conv_bias false; llama.cpp's jamba has "
+                                  "no projection biases and needs the conv bias")
+
+    def dims(self) -> dict[str, int]:
+        c = self.config
+        return {"moe_offset": c.get_int("expert_layer_offset", min=0),
+                "moe_period": c.get_int("expert_layer_period", min=1)}
+
+    def family_keys(self, keys: ArchKeys) -> None:
+        c = self.config
+        d_model = c.get_int("hidden_size", min=1)
+        kv = [int(self.n_head_kv) if attention else 0 for attention in self.attention_layers]
+        keys.metadata.replace(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name), kv, GGUFValueType.ARRAY,
+                              GGUFValueType.UINT32)
+        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("mamba_d_conv", default=4, min=1))
+        keys.u32(Keys.SSM.INNER_SIZE, c.get_int("mamba_expand", default=2, min=1) * d_model)
+        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("mamba_d_state", default=16, min=1))
+        rank = c.get("mamba_dt_rank", default="auto")
+        keys.u32(Keys.SSM.TIME_STEP_RANK, -(-d_model // 16) if rank == "auto" else c.get_int("mamba_dt_rank", min=1))
+        expert_keys(keys, c)
+
+    def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
+        return mamba1_transform(name, tensor)

@@ -1,0 +1,70 @@
+"""gpt-oss configs llama.cpp cannot run as transformers does, and MXFP4 checkpoints whose blocks and
+scales do not fit together: each is refused in one line naming the key or tensor (contract:
+tests/damaged_inputs.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.tokenizer_helpers import train_bpe
+
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+BLOCKS = "model.layers.1.mlp.experts.down_proj_blocks"
+SCALES = "model.layers.1.mlp.experts.down_proj_scales"
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, Path]:
+    from tests.test_arch_gptoss import VOCAB, build_gptoss, save_mxfp4_checkpoint
+
+    root = tmp_path_factory.mktemp("gptoss_damaged")
+    train_bpe(root / "float", "qwen2", vocab_size=VOCAB)
+    build_gptoss(root / "float")
+    return {"float": root / "float", "mxfp4": save_mxfp4_checkpoint(root / "float", root / "mxfp4")}
+
+
+def _edit_config(model_dir: Path, **changes) -> None:
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | changes))
+
+
+def _edit_tensors(model_dir: Path, edit) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+# (checkpoint, damage, culprit named in the error)
+CASES = {
+    "another-swiglu-limit": ("float", lambda d: _edit_config(d, swiglu_limit=5.0), "swiglu_limit"),
+    "another-swiglu-alpha": ("float", lambda d: _edit_config(d, swiglu_alpha=1.0), "swiglu_alpha"),
+    "layer-types-too-short": ("float", lambda d: _edit_config(d, layer_types=["sliding_attention"]), "layer_types"),
+    "mxfp4-scales-missing": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.pop(SCALES)), BLOCKS),
+    "mxfp4-scales-of-another-shape": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({SCALES: t[SCALES][:, :-1]})),
+                                      SCALES),
+    "mxfp4-blocks-not-bytes": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({BLOCKS: t[BLOCKS].astype(np.float32)})),
+                               BLOCKS),
+    "mxfp4-blocks-of-other-width": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({BLOCKS: t[BLOCKS][..., :8].copy()})),
+                                    BLOCKS),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_refused_in_one_line(originals, tmp_path, case):
+    kind, damage, culprit = CASES[case]
+    model_dir = tmp_path / kind
+    shutil.copytree(originals[kind], model_dir)
+    damage(model_dir)
+    target = tmp_path / "out.gguf"
+    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
