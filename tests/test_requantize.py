@@ -71,7 +71,8 @@ def _build_models(specs, tmp_path_factory):
         (model_dir / "model.safetensors").unlink()
         (model_dir / "config.json").unlink()
         _build(model_dir, variant, config)
-        f32 = model_dir.parent / f"{name}-f32.gguf"
+        # in a directory of its own: two fixtures build models of the same name (q1_0_models)
+        f32 = tmp_path_factory.mktemp(f"{name}-gguf") / f"{name}-f32.gguf"
         ggufsmith.convert(model_dir, f32, "f32")
         out[name] = (model_dir, f32)
     return out
@@ -507,7 +508,8 @@ def ssm_models(tmp_path_factory):
         model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=2000, **config))
         randomize_weights(model.eval(), 3)
         model.save_pretrained(model_dir)
-        f32 = model_dir.parent / f"{name}-f32.gguf"
+        # in a directory of its own: two fixtures build models of the same name (q1_0_models)
+        f32 = tmp_path_factory.mktemp(f"{name}-gguf") / f"{name}-f32.gguf"
         ggufsmith.convert(model_dir, f32, "f32")
         out[name] = (model_dir, f32)
     return out
