@@ -29,19 +29,23 @@ MAMBA_CONTEXT_LENGTH = 2**20
 
 
 
+def _backbone(mixer: dict[str, T]) -> dict[str, T]:
+    """The state-spaces checkpoints' layout: embeddings, one norm and one mixer per block, final norm."""
+    return {
+        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
+        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
+        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mixer}, hf_prefix="backbone.layers.{bid}."),
+    }
+
+
 class Mamba(Architecture):
     name = "mamba"
     hf_classes = ("MambaForCausalLM",)
     model_types = ("mamba",)
     tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = {
-        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
-        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mamba1_mixer("mixer.")},
-                   hf_prefix="backbone.layers.{bid}."),
-    }
+    tensor_names = _backbone(mamba1_mixer("mixer."))
     f32_tensors = MAMBA1_F32
 
     def metadata(self) -> Metadata:
@@ -92,13 +96,7 @@ class Mamba2(Architecture):
     model_types = ("mamba2",)
     tokenizer_kind = None  # SentencePiece (Codestral) or BPE; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = {
-        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
-        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mamba2_mixer("mixer.")},
-                   hf_prefix="backbone.layers.{bid}."),
-    }
+    tensor_names = _backbone(mamba2_mixer("mixer."))
     f32_tensors = MAMBA2_F32
 
     def metadata(self) -> Metadata:
