@@ -235,6 +235,8 @@ class Decoder(Architecture):
     tensor_names = llama_decoder()
     layer_norm = False  # LayerNorm (layer_norm_epsilon) instead of RMSNorm (rms_norm_eps)
     context_keys: tuple[str, ...] = ("max_position_embeddings",)  # config names of the training context
+    # Hybrids: per layer, whether it has attention (the others are recurrent); None: every layer.
+    attention_layers: list[bool] | None = None
     feed_forward_keys: tuple[str, ...] = ("intermediate_size",)  # config names of the (dense) MLP's width
     yarn_handled: tuple[str, ...] = ()  # yarn parameters the plugin writes itself (Rope.write_scaling_keys)
     yarn_log_multiplier = False  # llama.cpp reads rope.scaling.yarn_log_multiplier for the architecture
@@ -265,7 +267,12 @@ class Decoder(Architecture):
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int(*self.feed_forward_keys, min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
-        keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
+        if self.attention_layers is None:
+            keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
+        else:  # llama.cpp's hybrids take a layer with no key/value heads for a recurrent one
+            keys.metadata.add_array(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name),
+                                    [int(self.n_head_kv) if a else 0 for a in self.attention_layers],
+                                    GGUFValueType.UINT32)
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
         if self.layer_norm:

@@ -102,7 +102,8 @@ class GraniteHybrid(GraniteMoe):
         super().__init__(config)
         c = self.config
         self.n_layer = c.get_int("num_hidden_layers", min=1)
-        self.recurrent = recurrent_layers(c, self.n_layer, default=["linear_attention"] * self.n_layer)
+        recurrent = recurrent_layers(c, self.n_layer, default=["linear_attention"] * self.n_layer)
+        self.attention_layers = [not r for r in recurrent]
         self.moe = c.get_int("num_local_experts", default=8, min=0) > 0
         if not self.moe:
             self.tensor_names = _hybrid_table(moe=False)
@@ -123,10 +124,7 @@ class GraniteHybrid(GraniteMoe):
         else:
             keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), shared, GGUFValueType.UINT32)
         mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
-        kv = [0 if recurrent else int(self.n_head_kv) for recurrent in self.recurrent]
-        keys.metadata.replace(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name), kv, GGUFValueType.ARRAY,
-                              GGUFValueType.UINT32)
-        rope = c.get_str("position_embedding_type", default=None) == "rope" or not any(self.recurrent)
+        rope = c.get_str("position_embedding_type", default=None) == "rope" or all(self.attention_layers)
         keys.bool(Keys.Rope.SCALING_FINETUNED, rope)
         if not rope:
             keys.metadata.replace(arch_key(Keys.LLM.CONTEXT_LENGTH, self.name), NO_ROPE_CONTEXT, GGUFValueType.UINT32)

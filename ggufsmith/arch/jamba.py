@@ -10,7 +10,7 @@ from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, experts, in_block, mlp
 from ggufsmith.arch.hybrid import MAMBA1_F32, mamba1_mixer, mamba1_transform, only_where
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -64,9 +64,6 @@ class Jamba(Decoder):
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
         d_model = c.get_int("hidden_size", min=1)
-        kv = [int(self.n_head_kv) if attention else 0 for attention in self.attention_layers]
-        keys.metadata.replace(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name), kv, GGUFValueType.ARRAY,
-                              GGUFValueType.UINT32)
         keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("mamba_d_conv", default=4, min=1))
         keys.u32(Keys.SSM.INNER_SIZE, c.get_int("mamba_expand", default=2, min=1) * d_model)
         keys.u32(Keys.SSM.STATE_SIZE, c.get_int("mamba_d_state", default=16, min=1))

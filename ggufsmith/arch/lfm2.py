@@ -68,7 +68,7 @@ class Lfm2(Decoder):
         types = c.get_list("layer_types")
         if len(types) != n_layer or not all(t in ("conv", "full_attention", "attention") for t in types):
             raise c.error("layer_types", types, f"{n_layer} of 'conv' / 'full_attention'")
-        self.conv_layers = [t == "conv" for t in types]
+        self.attention_layers = [t != "conv" for t in types]
         if c.get_bool("conv_bias", default=False):
             raise ConversionError(f"{c.label}: conv_bias is true; llama.cpp's lfm2 has no short-convolution biases")
 
@@ -89,12 +89,8 @@ class Lfm2(Decoder):
 
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
-        metadata = keys.metadata
-        metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), self.feed_forward_length(),
-                         GGUFValueType.UINT32)
-        kv = [0 if conv else int(self.n_head_kv) for conv in self.conv_layers]
-        metadata.replace(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name), kv, GGUFValueType.ARRAY,
-                         GGUFValueType.UINT32)
+        keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), self.feed_forward_length(),
+                              GGUFValueType.UINT32)
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.LLM.SHORTCONV_L_CACHE, c.get_int("conv_L_cache", min=1))
 
