@@ -84,3 +84,19 @@ def prompt_ids(model_dir: Path, prompt: str = PROMPT) -> list[int]:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir).encode(prompt, add_special_tokens=False)
+
+
+def conversions(models, root: Path):
+    """get(name, outtype): the GGUF of models[name]'s folder (its first item) at outtype, converted
+    once (into root) however many tests ask for it."""
+    import ggufsmith
+
+    cache: dict[tuple[str, str], Path] = {}
+
+    def get(name: str, outtype: str) -> Path:
+        if (name, outtype) not in cache:
+            cache[name, outtype] = root / f"{name}-{outtype}.gguf"
+            ggufsmith.convert(models[name][0], cache[name, outtype], outtype=outtype)
+        return cache[name, outtype]
+
+    return get

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-import ggufsmith
+from tests import family_models
 from tests.family_models import relative_error
 
 TOLERANCE = {"f32": 1e-3, "f16": 0.25, "q8_0": 0.6}
@@ -35,16 +35,8 @@ EOT_FIM_DIFFERENCES = {
 def conversions(models: Mapping[tuple[str, str], tuple], root: Path) -> Callable[[str, str, str], Path]:
     """get(kind, layout, outtype): the GGUF of models[kind, layout]'s folder at outtype, converted
     once (into root) however many tests ask for it."""
-    cache: dict[tuple[str, str, str], Path] = {}
-
-    def get(kind: str, layout: str, outtype: str) -> Path:
-        key = kind, layout, outtype
-        if key not in cache:
-            cache[key] = root / f"{kind}-{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[kind, layout][0], cache[key], outtype=outtype)
-        return cache[key]
-
-    return get
+    get = family_models.conversions({f"{kind}-{layout}": model for (kind, layout), model in models.items()}, root)
+    return lambda kind, layout, outtype: get(f"{kind}-{layout}", outtype)
 
 
 def logits_error(got: np.ndarray, expected: np.ndarray, outtype: str) -> float:

@@ -18,10 +18,9 @@ import json
 
 import pytest
 
-import ggufsmith
 from tests import moe_harness
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, conversions, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import EXPLICIT_SPECIAL_IDS, TOKENIZER_KEY_DIFFERENCES, assert_same_file
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
@@ -100,16 +99,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("granite-hybrid-gguf")
-    cache = {}
-
-    def get(name: str, outtype: str):
-        if (name, outtype) not in cache:
-            cache[name, outtype] = root / f"{name}-{outtype}.gguf"
-            ggufsmith.convert(models[name][0], cache[name, outtype], outtype=outtype)
-        return cache[name, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("granite-hybrid-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))

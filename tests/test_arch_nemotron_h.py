@@ -22,7 +22,7 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, conversions, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import EXPLICIT_SPECIAL_IDS, assert_same_file, gguf_contents
 from tests.tokenizer_helpers import train_bpe
 
@@ -84,16 +84,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("nemotron-h-gguf")
-    cache = {}
-
-    def get(name: str, outtype: str):
-        if (name, outtype) not in cache:
-            cache[name, outtype] = root / f"{name}-{outtype}.gguf"
-            ggufsmith.convert(models[name][0], cache[name, outtype], outtype=outtype)
-        return cache[name, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("nemotron-h-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))
