@@ -265,7 +265,7 @@ class Decoder(Architecture):
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
         keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int(*self.context_keys, default=None, min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int(*self.feed_forward_keys, min=1))
+        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, self.feed_forward_length())
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
         if self.attention_layers is None:
             keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
@@ -283,6 +283,10 @@ class Decoder(Architecture):
             keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
             keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
         self.rope.write_scaling_keys(keys, self.yarn_handled, yarn_log_multiplier=self.yarn_log_multiplier)
+
+    def feed_forward_length(self) -> int:
+        """The (dense) MLP's width: the first of `feed_forward_keys` in the config."""
+        return self.config.get_int(*self.feed_forward_keys, min=1)
 
     def family_keys(self, keys: ArchKeys) -> None:
         """The keys that are this family's own. Default: none."""

@@ -108,6 +108,13 @@ class GraniteHybrid(GraniteMoe):
         if not self.moe:
             self.tensor_names = _hybrid_table(moe=False)
 
+    def _shared_width(self) -> int:
+        return self.config.get_int("shared_intermediate_size", default=1024, min=1)
+
+    def feed_forward_length(self) -> int:
+        """Without routed experts the shared MLP is the only one: its width is llama.cpp's n_ff."""
+        return super().feed_forward_length() if self.moe else self._shared_width()
+
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
         keys.u32(Keys.LLM.EXPERT_COUNT, c.get_int("num_local_experts", default=8) if self.moe else None)
@@ -118,11 +125,8 @@ class GraniteHybrid(GraniteMoe):
         keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
         keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
         keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
-        shared = c.get_int("shared_intermediate_size", default=1024, min=1)
         if self.moe:
-            keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared)
-        else:
-            keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), shared, GGUFValueType.UINT32)
+            keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, self._shared_width())
         mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
         rope = c.get_str("position_embedding_type", default=None) == "rope" or all(self.attention_layers)
         keys.bool(Keys.Rope.SCALING_FINETUNED, rope)

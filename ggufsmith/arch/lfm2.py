@@ -10,7 +10,7 @@ from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import DENSE, ROUTER, SPARSE, Decoder, attention, expert_keys, experts, in_block, mlp
 from ggufsmith.arch.hybrid import only_where
 from ggufsmith.arch.tensors import Split, T
-from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
+from ggufsmith.constants import ExpertGatingFunc, Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -89,8 +89,6 @@ class Lfm2(Decoder):
 
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
-        keys.metadata.replace(arch_key(Keys.LLM.FEED_FORWARD_LENGTH, self.name), self.feed_forward_length(),
-                              GGUFValueType.UINT32)
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.LLM.SHORTCONV_L_CACHE, c.get_int("conv_L_cache", min=1))
 
