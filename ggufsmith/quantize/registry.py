@@ -20,6 +20,7 @@ import numpy as np
 
 from ggufsmith.constants import GGML_TYPE_LAYOUT, GGMLType
 from ggufsmith.errors import QuantizationError
+from ggufsmith.quantize.allocator import keep_freed_memory
 
 QuantizeRows = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 DequantizeRows = Callable[[np.ndarray, int], np.ndarray]
@@ -123,6 +124,7 @@ def quantize(array: np.ndarray, ggml_type: GGMLType | int | str, importance: np.
                 f"importance vector has {importance.size} values for rows of {row_length} elements"
             )
     rows = array.reshape(n_rows, row_length)
+    keep_freed_memory()  # the chunks' temporaries reuse the same pages (see allocator.py)
     out = np.empty((n_rows, fmt.row_bytes(row_length)), dtype=np.uint8)
     step = max(1, (fmt.chunk_elements or CHUNK_ELEMENTS) // max(row_length, 1))
     for start in range(0, n_rows, step):
