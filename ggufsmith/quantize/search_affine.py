@@ -30,6 +30,7 @@ from ggufsmith.quantize.numerics import (
     float_warnings_off,
     nearest_int,
     nearest_int_clipped,
+    scratch,
     sum_from_first,
 )
 
@@ -71,6 +72,7 @@ def make_qkx_quants(
 
 def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     fnmax = F32(nmax)
+    n_blocks = x.shape[1]
     low = first_min(x)
     high = np.maximum.reduce(x, axis=0)
     lowest = low.copy()  # the data's minimum, for bounding |x - min| below
@@ -79,10 +81,22 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
     flat = high == low
     flat_min = low[flat]  # flat blocks return early in C; their arithmetic here is discarded
+    if flat_min.size:
+        # Make it cheap: all levels 0 (so det = 0 and no candidate is ever kept), span 1, and
+        # the bound in levels_into finite. x is our own copy; sum_w and sum_x are done.
+        x[:, flat] = 0
+        low[flat] = lowest[flat] = 0
+        high[flat] = 1
 
-    buf = aligned_empty(x.shape)
-    tmp = aligned_empty(x.shape)
-    tmp2 = aligned_empty(x.shape)
+    if n_blocks >= 8:  # a whole-row reduction over axis 0 is C's sequential order (numerics.py)
+        def add_rows(terms, out):
+            np.add.reduce(terms, axis=0, out=out)
+    else:
+        def add_rows(terms, out):
+            out[...] = sum_from_first(terms)
+
+    buf, tmp, tmp2 = (scratch(f"qkx.{name}", x.shape) for name in ("levels", "terms", "terms2"))
+    bound = np.empty(n_blocks, dtype=F32)
 
     def levels_into(out, iscale, low, span):
         """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32; span = high - low."""
@@ -90,17 +104,17 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         np.multiply(out, iscale, out=out)
         # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
         # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
-        reach = np.subtract(low, lowest)
-        np.maximum(span, reach, out=reach)
-        reach *= np.abs(iscale)
-        if np.maximum.reduce(reach) <= NEAREST_INT_EXACT:  # False for NaN
+        np.subtract(low, lowest, out=bound)
+        np.maximum(span, bound, out=bound)
+        np.multiply(bound, np.abs(iscale), out=bound)
+        if np.maximum.reduce(bound) <= NEAREST_INT_EXACT:  # False for NaN
             np.rint(out, out=out)
             np.clip(out, 0, fnmax, out=out)
         else:
             out[...] = nearest_int_clipped(out, 0, nmax)
         return out
 
-    def error_of(scale, levels, low):
+    def error_into(out, scale, levels, low):
         """Sum over the block of w * |diff| (or w * diff^2), diff = scale*L + min - x, in C order."""
         diff = np.multiply(levels, scale, out=tmp)
         diff += low
@@ -110,48 +124,73 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         else:
             np.multiply(diff, diff, out=diff)
         diff *= w
-        return sum_from_first(diff)
+        add_rows(diff, out)
+        return out
 
-    # high - low, but 1 for flat blocks: their (discarded) arithmetic then stays finite, so the
-    # check in levels_into needs no mask.
-    span = np.where(flat, F32(1), high - low)
-    iscale = fnmax / span
-    scale = F32(1) / iscale
-    best_iscale, best_low = iscale.copy(), low.copy()  # what the kept levels were rounded with
-    best_error = error_of(scale, levels_into(buf, iscale, low, span), low)
+    # The kept fit of each block: the candidate's iscale and min its levels were rounded with,
+    # its error, scale and min. A candidate's values are written into the rows of `trial` and
+    # the winners copied over in one call.
+    ISCALE, ERROR, SCALE, MIN = range(4)
+    kept = np.empty((4, n_blocks), dtype=F32)
+    trial = np.empty((4, n_blocks), dtype=F32)
+    kept[MIN] = low
+    low = kept[MIN]
+    span = high - low
+    np.divide(fnmax, span, out=kept[ISCALE])
+    best_low = low.copy()
+    scale = kept[SCALE]
+    np.divide(F32(1), kept[ISCALE], out=scale)
+    error_into(kept[ERROR], scale, levels_into(buf, kept[ISCALE], low, span), low)
+
+    # The three sums of a candidate and the 2x2 solve, as whole (3, blocks) operations:
+    #   det = sum_w*sum_l2 - sum_l*sum_l, scale*det = sum_w*sum_xl - sum_x*sum_l,
+    #   min*det = sum_x*sum_l2 - sum_l*sum_xl  (C's order within each product; x*y == y*x)
+    # as firsts * seconds - sum_l * lasts, with firsts = [sum_w, sum_w, sum_x],
+    # seconds = [sum_l2, sum_xl, sum_l2] and lasts = [sum_l, sum_x, sum_xl].
+    firsts = np.stack([sum_w, sum_w, sum_x])
+    seconds = np.empty((3, n_blocks), dtype=F32)
+    lasts = np.empty((3, n_blocks), dtype=F32)
+    lasts[1] = sum_x
+    sum_l, sum_l2, sum_xl = lasts[0], seconds[0], seconds[1]
+    solve = np.empty((3, n_blocks), dtype=F32)
+    products = np.empty((3, n_blocks), dtype=F32)
+    positive_min = np.empty(n_blocks, dtype=bool)
+    better = np.empty(n_blocks, dtype=bool)
+    improved = np.empty(n_blocks, dtype=bool)
     stretches = [F32(rmin) + F32(rdelta) * F32(step) + fnmax for step in range(nstep + 1)] if nstep >= 1 else []
     for stretch in stretches:
-        trial_iscale = stretch / span
-        trial = levels_into(buf, trial_iscale, low, span)
-        weighted = np.multiply(w, trial, out=tmp)
-        sum_l = sum_from_first(weighted)
-        sum_l2 = sum_from_first(np.multiply(weighted, trial, out=tmp2))
-        sum_xl = sum_from_first(np.multiply(weighted, x, out=tmp2))
-        det = sum_w * sum_l2 - sum_l * sum_l
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        positive_min = this_min > 0
+        trial_iscale = np.divide(stretch, span, out=trial[ISCALE])
+        levels = levels_into(buf, trial_iscale, low, span)
+        weighted = np.multiply(w, levels, out=tmp)
+        add_rows(weighted, sum_l)
+        add_rows(np.multiply(weighted, levels, out=tmp2), sum_l2)
+        add_rows(np.multiply(weighted, x, out=tmp2), sum_xl)
+        seconds[2] = sum_l2
+        lasts[2] = sum_xl
+        np.multiply(firsts, seconds, out=solve)
+        solve -= np.multiply(lasts, sum_l, out=products)
+        det = solve[0]
+        this_scale, this_min = trial[SCALE], trial[MIN]
+        np.divide(solve[1:], det, out=trial[SCALE:])
+        np.greater(this_min, 0, out=positive_min)
         if positive_min.any():
-            this_min[positive_min] = 0
-            this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
-        error = error_of(this_scale, trial, this_min)
-        better = det > 0
-        better &= error < best_error
-        if better.any():
-            np.copyto(best_iscale, trial_iscale, where=better)
-            np.copyto(best_low, low, where=better)
-            np.copyto(best_error, error, where=better)
-            np.copyto(scale, this_scale, where=better)
-            np.copyto(low, this_min, where=better)
+            np.copyto(this_min, F32(0), where=positive_min)
+            np.copyto(this_scale, sum_xl / sum_l2, where=positive_min)
+        error_into(trial[ERROR], this_scale, levels, this_min)
+        np.greater(det, 0, out=better)
+        better &= np.less(trial[ERROR], kept[ERROR], out=improved)
+        winners = np.flatnonzero(better)
+        if winners.size:
+            best_low[winners] = low[winners]
+            kept[:, winners] = trial[:, winners]
             np.subtract(high, low, out=span)
-            np.copyto(span, F32(1), where=flat)
 
-    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low, np.where(flat, F32(1), high - best_low))
+    levels = levels_into(aligned_empty(x.shape), kept[ISCALE], best_low, high - best_low)
     if flat.any():
         levels[:, flat] = 0
-        scale = np.where(flat, F32(0), scale)
+        scale[flat] = 0
         low[flat] = flat_min
-    return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
+    return scale.copy(), -low, levels
 
 
 @float_warnings_off
