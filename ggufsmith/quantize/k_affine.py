@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
-from ggufsmith.quantize.registry import QuantFormat, register
+from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     F32,
     float_warnings_off,
@@ -247,6 +247,18 @@ def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return values.reshape(data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.Q4_K, quantize_q4_k, dequantize_q4_k, supports_importance=True))
-register(QuantFormat(GGMLType.Q5_K, quantize_q5_k, dequantize_q5_k, supports_importance=True))
-register(QuantFormat(GGMLType.Q2_K, quantize_q2_k, dequantize_q2_k, supports_importance=True))
+register(
+    QuantFormat(
+        GGMLType.Q4_K, quantize_q4_k, dequantize_q4_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
+register(
+    QuantFormat(
+        GGMLType.Q5_K, quantize_q5_k, dequantize_q5_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
+register(
+    QuantFormat(
+        GGMLType.Q2_K, quantize_q2_k, dequantize_q2_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
-from ggufsmith.quantize.registry import QuantFormat, register
+from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     float_warnings_off,
@@ -203,7 +203,11 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return values.reshape(data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True))
+register(
+    QuantFormat(
+        GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
 register(
     QuantFormat(
         GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True, chunk_elements=Q3_K_CHUNK_ELEMENTS
