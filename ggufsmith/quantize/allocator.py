@@ -4,10 +4,11 @@ The vectorized quantizers build a few MiB of numpy temporaries per chunk and fre
 end. glibc's malloc serves blocks of that size from the heap but, by default, gives the top of
 the heap back to the kernel as soon as more than about twice the largest recently freed block
 is free there (and maps blocks above its adaptive threshold afresh each time), so the next chunk
-touches fresh pages: one page fault per 4 KiB. Measured on the development VM, that was
-11,000-18,000 faults per million K-quant values and a fifth to a third of their CPU time
-(Q2_K/Q4_K/Q6_K without an importance matrix: -22% to -30%). ggml's C quantizer writes into
-buffers it was given and pays nothing of the kind.
+touches fresh pages: one page fault per 4 KiB. Measured on the development VM, in a process
+that had not yet freed a block larger than a chunk's temporaries (after that, glibc's adaptive
+thresholds rise and the faults stop), that was 11,000-18,000 faults per million K-quant values
+and a fifth to a third of their CPU time. ggml's C quantizer writes into buffers it was given
+and pays nothing of the kind.
 
 `keep_freed_memory()` sets two malloc parameters once per process: blocks below MMAP_THRESHOLD
 come from the heap, and up to TRIM_THRESHOLD of free memory at its top stays mapped. Peak memory
