@@ -66,16 +66,25 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
-def _complete(folder: Path) -> bool:
-    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
-
-
 def reference_dir() -> Path:
     """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
     (fetched on first use)."""
     # The name says what it holds: caches of an older layout (without models/) are not reused.
     target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
-    if _complete(target):
+    return _extracted(target, _MEMBERS, _COMPLETE_MARKERS)
+
+
+def legacy_converter() -> Path:
+    """llama.cpp's examples/convert_legacy_llama.py, the converter of Meta-layout checkpoints
+    (consolidated.*.pth + params.json); run it with reference_env() (its gguf-py)."""
+    target = cache_root() / f"llama.cpp-legacy-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "examples/convert_legacy_llama.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+def _extracted(target: Path, members: tuple[str, ...], markers: tuple[str, ...]) -> Path:
+    """`target` holding `members` of the sdist's llama.cpp tree, fetched with pip on first use."""
+    if all((target / marker).is_file() for marker in markers):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -93,16 +102,16 @@ def reference_dir() -> Path:
                 if not member.name.startswith(_SDIST_PREFIX):
                     continue
                 relative = member.name[len(_SDIST_PREFIX):]
-                if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
+                if relative.startswith(members) and (member.isfile() or member.isdir()):
                     member.name = relative
                     tar.extract(member, staging, filter="data")
-        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        missing = [marker for marker in markers if not (staging / marker).is_file()]
         if missing:
             _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not _complete(target):
+            if not all((target / marker).is_file() for marker in markers):
                 raise
     return target
 

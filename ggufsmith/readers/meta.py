@@ -199,8 +199,8 @@ def _hf_config(params: HFConfig, tensors: dict[str, LazyTensor]) -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": params.get_float("rope_theta", default=10000.0, min=0)},
         "tie_word_embeddings": "output.weight" not in tensors,
     }
-    if "head_dim" in params:  # Mistral's params.json
-        config["head_dim"] = params.get_int("head_dim", min=1)
+    # Mistral's params.json gives it; transformers' LlamaConfig always saves it
+    config["head_dim"] = params.get_int("head_dim", default=dim // n_heads, min=1)
     if params.get_bool("use_scaled_rope", default=False):
         factor = params.get_float("rope_scaling_factor", default=_LLAMA31_ROPE["factor"], min=1)
         config["rope_parameters"] |= _LLAMA31_ROPE | {"factor": factor}
