@@ -150,7 +150,8 @@ _CONVERT_EACH_OUTTYPE = """
 import os, sys
 from pathlib import Path
 
-script, model_dir, out_dir, *outtypes = sys.argv[1:]
+script, model_dir, out_dir, *rest = sys.argv[1:]
+outtypes, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
 sys.path.insert(0, str(Path(script).parent))
 import convert_hf_to_gguf
 if os.environ.get("GGUFSMITH_FORCE_PRE"):
@@ -159,7 +160,7 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
 
 for outtype in outtypes:
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype]
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()
 """
 
@@ -167,18 +168,19 @@ _conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
 
 def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
-                          pre: str | None = None) -> dict[str, Path]:
+                          pre: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
     Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
-    by hashing the tokens of a test text, which knows only published vocabularies)."""
-    key = (Path(model_dir).resolve(), tuple(outtypes))
+    by hashing the tokens of a test text, which knows only published vocabularies). `extra`: more
+    options for the script (--bigendian, ...); give each set of options its own out_dir."""
+    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(extra))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
         env = {"GGUFSMITH_FORCE_PRE": pre or ""}
-        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
+        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes, "--", *extra],
              model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]

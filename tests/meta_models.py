@@ -15,7 +15,8 @@ RANKS = 2
 HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 2
 VOCAB = 2000  # the example model's SentencePiece tokenizer.model
 
-# name -> (params.json, the Hugging Face config's differences, how the embedding is split)
+# name -> (params.json, the Hugging Face config's differences, the axis the ranks split the embedding
+# along, None for a single consolidated.safetensors)
 LAYOUTS = {
     "llama2": ({"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "multiple_of": 32,
                 "norm_eps": 1e-5, "vocab_size": -1},
@@ -30,6 +31,13 @@ LAYOUTS = {
                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 8192}},
                  0),
+    # Mistral 7B's params.json: head_dim and hidden_dim given, a sliding window; one consolidated.safetensors
+    "mistral": ({"dim": HIDDEN, "n_layers": LAYERS, "head_dim": HIDDEN // HEADS, "hidden_dim": 320, "n_heads": HEADS,
+                 "n_kv_heads": KV_HEADS, "norm_eps": 1e-5, "sliding_window": 4096, "vocab_size": VOCAB,
+                 "rope_theta": 1000000.0},
+                {"intermediate_size": 320, "max_position_embeddings": 32768,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                None),
 }
 
 
@@ -83,11 +91,17 @@ def meta_tensors(hf_dir: Path, embedding_axis: int) -> dict[str, tuple[object, i
     return tensors
 
 
-def write_meta_folder(folder: Path, hf_dir: Path, params: dict, embedding_axis: int, ranks: int = RANKS) -> Path:
+def write_meta_folder(folder: Path, hf_dir: Path, params: dict, embedding_axis: int | None,
+                      ranks: int = RANKS) -> Path:
     import torch
 
     folder.mkdir(parents=True)
     tensors = meta_tensors(hf_dir, embedding_axis)
+    if embedding_axis is None:
+        from safetensors.torch import save_file
+
+        save_file({name: t.contiguous() for name, (t, _) in tensors.items()}, folder / "consolidated.safetensors")
+        ranks = 0
     for rank in range(ranks):
         state = {name: (t if axis is None else t.chunk(ranks, dim=axis)[rank]).clone()
                  for name, (t, axis) in tensors.items()}
