@@ -41,9 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "F32 conversion, without writing it (default: f16)")
     parser.add_argument("--vocab-only", action="store_true",
                         help="write the tokenizer and the metadata, no tensors (as convert_hf_to_gguf.py --vocab-only)")
-    parser.add_argument("--metadata", metavar="FILE.json",
-                        help="JSON object of general.* keys (general.name, general.author, general.tags, ...) that "
-                             "replace those found in the model card and config, as convert_hf_to_gguf.py --metadata")
+    from ggufsmith.cli.quantize import add_force_option, add_metadata_option, add_quantize_options, add_split_options, \
+        add_threads_option
+
+    add_metadata_option(parser, "those found in the model card and config")
     parser.add_argument("--bigendian", action="store_true",
                         help="write a big-endian GGUF file, for big-endian machines (as convert_hf_to_gguf.py "
                              "--bigendian; f32, f16, bf16 and auto outtypes only)")
@@ -54,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_split_options, add_threads_option
 
     add_split_options(parser)
     add_force_option(parser)
