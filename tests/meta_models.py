@@ -41,14 +41,14 @@ LAYOUTS = {
 }
 
 
-def make_hf_llama(folder: Path, config_changes: dict) -> Path:
+def make_hf_llama(folder: Path, config_changes: dict, vocab: int = VOCAB) -> Path:
     import torch
     import transformers
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        vocab_size=VOCAB, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        vocab_size=vocab, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
         **config_changes)
     model = transformers.LlamaForCausalLM(config)
     with torch.no_grad():
