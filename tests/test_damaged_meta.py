@@ -112,9 +112,32 @@ def pickle_not_weights_only(meta: Path) -> str:
     return "consolidated.00.pth: torch.load(weights_only=True) refuses its pickle"
 
 
+def _tiktoken_file(meta: Path, lines: list[bytes]) -> None:
+    """A tiktoken tokenizer.model (Llama 3's) of the 256 bytes, then `lines`."""
+    import base64
+
+    head = [base64.b64encode(bytes([b])) + b" %d" % b for b in range(256)]
+    (meta / "tokenizer.model").write_bytes(b"\n".join(head + lines) + b"\n")
+
+
+def tiktoken_rank_gap(meta: Path) -> str:
+    _tiktoken_file(meta, [b"aGk= 257"])  # "hi" at 257: rank 256 is missing
+    return "tokenizer.model: line 257 has rank 257, expected 256"
+
+
+def tiktoken_not_base64(meta: Path) -> str:
+    _tiktoken_file(meta, [b"a=Gk 256"])
+    return "tokenizer.model: line 257"
+
+
+def tiktoken_token_twice(meta: Path) -> str:
+    _tiktoken_file(meta, [b"YQ== 256"])  # "a" again
+    return "tokenizer.model: line 257: token b'a' is empty or listed twice"
+
+
 DAMAGE = [params_json_missing, params_json_not_json, params_of_another_model, params_dim_not_the_tensors,
           params_mixture_of_experts, shard_shape_mismatch, tensor_missing_from_a_rank, rank_file_missing,
-          unknown_tensor, pickle_not_weights_only]
+          unknown_tensor, pickle_not_weights_only, tiktoken_rank_gap, tiktoken_not_base64, tiktoken_token_twice]
 
 
 @pytest.fixture(scope="session")
