@@ -9,22 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.damaged_inputs import assert_convert_refused, edit_config
-from tests.family_models import build_model
+from tests.family_models import build_bpe_models
 from tests.test_arch_deepseek import MODELS, VOCAB
-from tests.tokenizer_helpers import train_bpe
 
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("deepseek_damaged")
-    dirs = {}
-    for kind in ("v3", "glm"):
-        config_class, model_class, fields = MODELS[kind]
-        train_bpe(root / kind, "qwen2", vocab_size=VOCAB)
-        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
-    return dirs
+    return build_bpe_models(tmp_path_factory.mktemp("deepseek_damaged"), {kind: MODELS[kind] for kind in ("v3", "glm")}, VOCAB)
 
 
 # (kind, damage, culprit named in the error)

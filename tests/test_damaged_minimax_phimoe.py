@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.damaged_inputs import assert_convert_refused, edit_config, edit_safetensors
-from tests.family_models import build_model
+from tests.family_models import build_bpe_models
 from tests.test_arch_moe import MODELS, VOCAB
 from tests.test_arch_phimoe import LONGROPE
-from tests.tokenizer_helpers import train_bpe
 
 pytest.importorskip("transformers")
 
@@ -23,11 +22,7 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("minimax_phimoe_damaged")
     config_class, model_class, _, fields = MODELS["minimax-m2"]
     models = {"minimax": (config_class, model_class, fields), "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", LONGROPE)}
-    dirs = {}
-    for kind, (config_class, model_class, fields) in models.items():
-        train_bpe(root / kind, "qwen2", vocab_size=VOCAB)
-        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
-    return dirs
+    return build_bpe_models(root, models, VOCAB)
 
 
 def _edit_rope(model_dir: Path, **changes) -> None:
