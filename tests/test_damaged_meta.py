@@ -4,7 +4,6 @@ convert` on it, which must fail with the contract of tests/damaged_inputs.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_clean_failure, edit_json, run_cli
 from tests.meta_models import LAYOUTS, make_hf_llama, write_meta_folder
 
 torch = pytest.importorskip("torch")
@@ -30,12 +29,6 @@ class _Payload:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
-
-
-def _edit_params(meta: Path, **changes) -> None:
-    params = json.loads((meta / "params.json").read_text())
-    params.update(changes)
-    (meta / "params.json").write_text(json.dumps(params))
 
 
 def _edit_rank(meta: Path, rank: int, edit: Callable[[dict], None]) -> None:
@@ -56,17 +49,17 @@ def params_json_not_json(meta: Path) -> str:
 
 
 def params_of_another_model(meta: Path) -> str:
-    _edit_params(meta, multiple_of=256)  # a feed-forward width that is not the tensors'
+    edit_json(meta / "params.json", multiple_of=256)  # a feed-forward width that is not the tensors'
     return "params.json: multiple_of"
 
 
 def params_dim_not_the_tensors(meta: Path) -> str:
-    _edit_params(meta, dim=256)
+    edit_json(meta / "params.json", dim=256)
     return "params.json: dim is 256"
 
 
 def params_mixture_of_experts(meta: Path) -> str:
-    _edit_params(meta, moe={"num_experts": 8, "num_experts_per_tok": 2})
+    edit_json(meta / "params.json", moe={"num_experts": 8, "num_experts_per_tok": 2})
     return "params.json: \"moe\""
 
 
