@@ -110,3 +110,25 @@ def test_quantized_outtypes_are_refused(outtype, tmp_path):
     target = tmp_path / "out.gguf"
     assert_clean_failure(run_cli("convert", EXAMPLE_MODEL, target, "--outtype", outtype, "--bigendian"),
                          f"--bigendian with --outtype {outtype}", target)
+
+
+def test_quantize_to_a_float_preset_writes_big_endian(ours, tmp_path):
+    """quantize --bigendian: the same tensors and keys as without it, in big-endian order."""
+    src = ours["f32", "little"]
+    big, little = tmp_path / "big.gguf", tmp_path / "little.gguf"
+    for out, extra in ((big, ("--bigendian",)), (little, ())):
+        proc = run_cli("quantize", src, out, "F16", *extra)
+        assert proc.returncode == 0, proc.stderr
+    big_reader, little_reader = GGUFReader(big), GGUFReader(little)
+    assert big_reader.byteorder == "big"
+    assert {k: _plain(v.value) for k, v in big_reader.metadata.items()} == \
+        {k: _plain(v.value) for k, v in little_reader.metadata.items()}
+    for t in little_reader.tensors:
+        assert big_reader.tensor(t.name).ggml_type == t.ggml_type
+        np.testing.assert_array_equal(big_reader.tensor(t.name).to_float32(), t.to_float32(), err_msg=t.name)
+
+
+def test_quantize_to_a_quantized_preset_is_refused(ours, tmp_path):
+    target = tmp_path / "q8.gguf"
+    assert_clean_failure(run_cli("quantize", ours["f32", "little"], target, "Q8_0", "--bigendian"),
+                         "--bigendian: tensor", target)

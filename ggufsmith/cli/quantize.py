@@ -170,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     add_split_options(parser)
     add_metadata_option(parser, "the input's")
+    parser.add_argument("--bigendian", action="store_true",
+                        help="write a big-endian GGUF file (F32, F16 and BF16 presets only; the input is little-endian)")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
     add_force_option(parser)
@@ -182,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
     plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
                          keep_split=args.keep_split, split=split_rule(args), force=args.force,
-                         threads=args.threads or None, metadata=args.metadata)
+                         threads=args.threads or None, metadata=args.metadata,
+                         bigendian=args.bigendian)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:

@@ -255,19 +255,21 @@ def file_type_with_stored(file_type: FileType, planned: list[PlannedTensor]) -> 
 # (F32, F16) and leaves quantized blocks (and BF16) as they are: little-endian data that a
 # big-endian ggml misreads. ggufsmith writes F32, F16 and BF16 swapped and refuses the rest.
 _BIG_ENDIAN_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
-_BIG_ENDIAN_ADVICE = ("a big-endian file holds float tensors only (ggml would misread the scales of quantized blocks, "
-                      "which llama.cpp's converter leaves little-endian): give --outtype f32, f16, bf16 or auto")
+_BIG_ENDIAN_ONLY = ("a big-endian file holds F32, F16 and BF16 tensors only (ggml would misread the scales of "
+                    "quantized blocks, which llama.cpp's converter leaves little-endian)")
 
 
 def refuse_quantized_big_endian(outtype: str) -> None:
-    """Before any work: --bigendian with a quantized outtype."""
+    """Before any work: convert --bigendian with a quantized outtype."""
     if outtype.lower() not in ("f32", "f16", "bf16", AUTO_OUTTYPE):
-        raise ConversionError(f"--bigendian with --outtype {outtype}: {_BIG_ENDIAN_ADVICE}")
+        raise ConversionError(f"--bigendian with --outtype {outtype}: {_BIG_ENDIAN_ONLY}; "
+                              "give --outtype f32, f16, bf16 or auto")
 
 
 def big_endian_plan(plan: ConversionPlan) -> None:
-    """Make `plan` write a big-endian file; a tensor that stays quantized (gpt-oss' MXFP4 experts) is refused."""
+    """Make `plan` write a big-endian file; a tensor that would be quantized (gpt-oss' MXFP4 experts
+    kept as they are, a quantize preset) is refused."""
     for t in plan.tensors:
         if t.ggml_type not in _BIG_ENDIAN_TYPES:
-            raise ConversionError(f"--bigendian: tensor {t.name} would be {t.ggml_type.name}; {_BIG_ENDIAN_ADVICE}")
+            raise ConversionError(f"--bigendian: tensor {t.name} would be {t.ggml_type.name}; {_BIG_ENDIAN_ONLY}")
     plan.byteorder = "big"

@@ -14,7 +14,7 @@ from ggufsmith.readers.gguf_source import GGUFModel, open_gguf_model, split_path
 from ggufsmith.converters.fanout import write_plans
 from ggufsmith.converters.general_metadata import apply_metadata_overrides, count_parameters, read_metadata_overrides
 from ggufsmith.converters.workers import resolve_workers
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, big_endian_plan
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset
 from ggufsmith.converters.split import SplitRule, part_plans, split_plan
 from ggufsmith.gguf_writer.output import check_target
@@ -35,6 +35,7 @@ def quantize_gguf(
     force: bool = False,
     threads: int | None = None,
     metadata: str | Path | None = None,
+    bigendian: bool = False,
 ) -> ConversionPlan:
     """Write what llama-quantize writes for `src` with `request` (a preset name or all options) to `dst`.
 
@@ -44,7 +45,8 @@ def quantize_gguf(
     FIFO unless `force` (see gguf_writer/output.py). `keep_split`: one output file per part of a
     split input (llama-quantize --keep-split); `split`: the output cut into parts by that rule
     (converters/split.py). The parts appear together, once all are complete. `metadata`: a JSON file
-    of general.* keys that replace the input's (llama.cpp's --metadata, as `convert --metadata`)."""
+    of general.* keys that replace the input's (llama.cpp's --metadata, as `convert --metadata`).
+    `bigendian`: a big-endian output, for the F32, F16 and BF16 presets only (plan.big_endian_plan)."""
     resolve_workers(threads)  # reject a bad count before reading anything
     if split is not None and split.active and keep_split:
         raise ConversionError("--keep-split keeps the input's parts; it cannot be combined with "
@@ -68,6 +70,8 @@ def quantize_gguf(
         if overrides is not None:
             params = count_parameters([(t.name, t.shape) for t in plan.tensors])
             apply_metadata_overrides(plan.metadata, overrides, params.total)
+        if bigendian:
+            big_endian_plan(plan)
         _check_decodable(src, plan)
         if keep_split:
             parts = part_plans(plan, dst, [[t for t in plan.tensors if t.tensor.split_index == index]
