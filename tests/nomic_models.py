@@ -44,6 +44,22 @@ def nomic_config(vocab_size: int, *, moe: bool, layers: int) -> dict:
     }
 
 
+def copy_with_transformers_keys(model_dir: Path, copy_dir: Path) -> Path:
+    """A copy of a folder whose nomic config.json also has transformers' names for the sizes.
+
+    For llama.cpp's converter: it reads config.json through transformers' AutoConfig, which (in
+    transformers 5) knows nomic_bert and fills in NomicBertConfig's defaults (hidden_size 768, 12
+    layers, 12 heads, head_dim 64 ...) for the keys nomic's config leaves out, and the converter then
+    prefers them to n_embd, n_layer ...: right for the published models, whose sizes those defaults
+    are, wrong for a tiny one."""
+    shutil.copytree(model_dir, copy_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config |= {"hidden_size": config["n_embd"], "num_hidden_layers": config["n_layer"],
+               "num_attention_heads": config["n_head"], "intermediate_size": config["n_inner"]}
+    (copy_dir / "config.json").write_text(json.dumps(config, indent=1))
+    return copy_dir
+
+
 def build_nomic_dense(hf_dir: Path, nomic_dir: Path, seed: int = 0):
     """The dense model (tokenizer already in hf_dir) saved by transformers in hf_dir, and with
     nomic's config.json in nomic_dir (tokenizer and sentence-transformers files copied)."""

@@ -87,7 +87,8 @@ class NomicBert(Architecture):
                 value = c.get(key, default=expected)
                 reject(c, value != expected, f"{key} is {value!r}")
         heads, embd = c.get_int("num_attention_heads", "n_head", min=1), c.get_int("hidden_size", "n_embd", min=1)
-        reject(c, c.get_int("head_dim", default=embd // heads) * heads != embd, "head_dim * heads is not hidden_size")
+        self.head_dim = c.get_int("head_dim", default=embd // heads, min=1)
+        reject(c, self.head_dim * heads != embd, "head_dim * heads is not hidden_size")
         self.rope = Rope(c, "rotary_emb_base")
         reject(c, self.rope.type != "default", f"rope type is {self.rope.type!r}")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
@@ -118,7 +119,11 @@ class NomicBert(Architecture):
                                 heads=c.get_int("num_attention_heads", "n_head", min=1),
                                 eps=c.get_float("layer_norm_eps", "layer_norm_epsilon", default=1e-12, min=0),
                                 token_types=self.dims()["n_token_types"].value)
-        ArchKeys(metadata, self.name).f32(Keys.Rope.FREQ_BASE, self.rope.theta or 1000.0)  # NomicBertConfig's default
+        keys = ArchKeys(metadata, self.name)
+        keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta or 1000.0)  # NomicBertConfig's default
+        # llama.cpp's default too (n_embd / n_head); written, as its converter writes them
+        keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim)
+        keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim)
         return metadata
 
 
