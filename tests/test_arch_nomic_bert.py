@@ -3,7 +3,7 @@ pooling from the file) the embeddings of the reference model, pooled as sentence
 them; the files equal llama.cpp's convert_hf_to_gguf.py's.
 
 Models (tests/nomic_models.py), hidden 64, 4 heads, every weight redrawn large, in
-sentence-transformers folders (mean pooling):
+sentence-transformers folders (mean pooling, CLS for "moe"):
   - "hf": transformers' NomicBertModel (3 layers, SwiGLU, rope theta 1000) as transformers saves it,
     uncased WordPiece tokenizer; reference: transformers;
   - "nomic": the same weights with the config.json of nomic's remote code (n_embd, rotary_emb_base,

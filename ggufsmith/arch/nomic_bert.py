@@ -27,6 +27,7 @@ from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import Keys
+from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -77,8 +78,9 @@ class NomicBert(Architecture):
         super().__init__(config)
         c = self.config
         self.nomic_config = "n_embd" in c  # nomic's remote-code config, else transformers'
-        act = c.get_str("activation_function", "hidden_act", default="silu")
-        reject(c, act not in ((*GELU,) if self.moe else ("swiglu", "silu")), f"the activation is {act!r}")
+        act_key = "activation_function" if "activation_function" in c else "hidden_act"
+        act = c.get_str(act_key, default="silu")
+        reject(c, act not in ((*GELU,) if self.moe else ("swiglu", "silu")), f"{act_key} is {act!r}")
         if self.nomic_config:
             # what llama.cpp's graph does (its converter asserts the same); absent keys are nomic's defaults
             for key, expected in (("prenorm", False), ("causal", False), ("rotary_emb_interleaved", False),
@@ -88,9 +90,9 @@ class NomicBert(Architecture):
                 reject(c, value != expected, f"{key} is {value!r}")
         heads, embd = c.get_int("num_attention_heads", "n_head", min=1), c.get_int("hidden_size", "n_embd", min=1)
         self.head_dim = c.get_int("head_dim", default=embd // heads, min=1)
-        reject(c, self.head_dim * heads != embd, "head_dim * heads is not hidden_size")
+        reject(c, self.head_dim * heads != embd, f"head_dim {self.head_dim} times {heads} heads is not the width {embd}")
         self.rope = Rope(c, "rotary_emb_base")
-        reject(c, self.rope.type != "default", f"rope type is {self.rope.type!r}")
+        reject(c, self.rope.type != "default", f"rope_type is {self.rope.type!r}")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
 
     @classmethod
@@ -163,7 +165,10 @@ class NomicBertMoe(NomicBert):
             return tensor
         experts = int(self.config.get_int("num_experts", "num_local_experts", min=1))
         rows, embd = tensor.shape
-        stacked = tensor.reshape(experts, rows // experts, embd)  # refused unless the rows divide
+        if rows % experts:
+            raise ConversionError(f"{tensor.source}: {rows} rows do not split into num_experts = {experts} "
+                                  "experts; config.json does not describe this checkpoint")
+        stacked = tensor.reshape(experts, rows // experts, embd)
         if name.endswith("ffn_up_exps.weight"):
             return stacked
         # w2 holds each expert's down projection transposed (n_ff rows of n_embd)
