@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -100,10 +101,9 @@ class NomicBert(Architecture):
         return super().claims(config) and bool(config.get("moe_every_n_layers", default=0)) == cls.moe
 
     def dims(self) -> dict[str, Dim]:
-        count = self.config.get_int("type_vocab_size", default=2, min=1)
-        every = self.config.get_int("moe_every_n_layers", default=0)
-        return {"n_token_types": Dim(int(count), count.origin if hasattr(count, "origin") else "type_vocab_size"),
-                "moe_every": Dim(int(every), "moe_every_n_layers")}
+        c = self.config
+        return {"n_token_types": Dim(int(c.get_int("type_vocab_size", default=2, min=1)), "type_vocab_size"),
+                "moe_every": Dim(int(c.get_int("moe_every_n_layers", default=0)), "moe_every_n_layers")}
 
     def context_length(self) -> int:
         """nomic's configs give the rope's reach (n_positions 8192) and the length trained on
@@ -149,7 +149,7 @@ class NomicBertMoe(NomicBert):
         keys.u32(Keys.LLM.MOE_EVERY_N_LAYERS, c.get_int("moe_every_n_layers", min=1))
         return metadata
 
-    def read_scalars(self, source) -> None:
+    def read_scalars(self, source: Mapping[str, LazyTensor]) -> None:
         """The experts' shared output bias: llama.cpp's graph has no such term (its converter drops
         it). Zero, as nomic initializes it, it changes nothing; otherwise one warning says how large."""
         super().read_scalars(source)
@@ -157,7 +157,7 @@ class NomicBertMoe(NomicBert):
                        if re.fullmatch(_EXPERTS_BIAS, name)), default=0.0)
         if largest:
             log.warning("%s: the experts' output bias (mlp.experts.bias, up to %.3g) is left out: llama.cpp's %s "
-                        "graph has none, so its embeddings differ from the model's by that much",
+                        "graph has none, so its embeddings are not quite the model's",
                         self.config.path, largest, self.name)
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
