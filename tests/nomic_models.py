@@ -131,9 +131,10 @@ class _GeluMlp(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(HIDDEN, INNER), nn.Linear(INNER, HIDDEN)
+        self.act = nn.functional.gelu  # see use_ggml_gelu_in_moe
 
     def forward(self, x):
-        return self.fc2(nn.functional.gelu(self.fc1(x)))
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class _MoeMlp(nn.Module):
@@ -149,6 +150,7 @@ class _MoeMlp(nn.Module):
         self.experts.mlp.w1 = nn.Parameter(torch.empty(experts * INNER, HIDDEN))
         self.experts.mlp.w2 = nn.Parameter(torch.empty(experts * INNER, HIDDEN))
         self.experts.bias = nn.Parameter(torch.zeros(HIDDEN))
+        self.act = nn.functional.gelu
 
     def forward(self, x):
         probs = self.router.layer(x).softmax(dim=-1, dtype=torch.float32)
@@ -158,6 +160,14 @@ class _MoeMlp(nn.Module):
         out = torch.zeros_like(x)
         for slot in range(self.top_k):
             chosen = top_experts[..., slot]
-            hidden = nn.functional.gelu(torch.einsum("...d,...fd->...f", x, w1[chosen]))
+            hidden = self.act(torch.einsum("...d,...fd->...f", x, w1[chosen]))
             out = out + top_weights[..., slot, None] * torch.einsum("...f,...fd->...d", hidden, w2[chosen])
         return out + self.experts.bias
+
+
+def use_ggml_gelu_in_moe(model, gelu) -> int:
+    """Swap the GELU of the MoE model's MLPs and experts for `gelu`; returns how many were swapped."""
+    modules = [m for m in model.modules() if isinstance(m, (_GeluMlp, _MoeMlp))]
+    for module in modules:
+        module.act = gelu
+    return len(modules)

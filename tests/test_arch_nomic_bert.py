@@ -15,8 +15,8 @@ Tolerances (max |llama.cpp - reference| / std of the reference vector, and cosin
   - f32: 1e-3 and 0.99999 for the dense models, measured 6e-7..1.2e-6 (1 - cosine <= 1e-13; per
     token <= 2.7e-6): ggml computes SiLU in f32. The MoE model: 2e-3, measured 7.9e-4..1.5e-3
     (1 - cosine <= 1e-7; per token 1.4e-3..1.8e-3), as for bert: ggml computes GELU through a
-    float16 table; the reference with its GELU inputs and outputs rounded to float16 (tanh form)
-    comes to 1.3e-4..7.1e-4 of llama.cpp's per-token states.
+    float16 table: with ggml's table patched into the reference (tests/ggml_activations.py) the
+    issue's 1e-3 holds, measured 1.4e-5..2.2e-4 (1 - cosine <= 2.4e-9).
   - f16: measured 2.3e-3..3.8e-3 (1 - cosine <= 9e-7); q8_0: 4e-2..8.8e-2 (1 - cosine <= 3.7e-4).
     Bounds as for bert: f16 6e-3 and 0.99999, q8_0 0.15 and 0.999 (weights rounded to 11 / 8 bits,
     through post-norm layers whose weights are redrawn large).
@@ -34,13 +34,16 @@ from ggufsmith.constants import PoolingType
 from tests.bert_models import (
     SENTENCES, llama_embeddings, pooled, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
 )
+from tests.ggml_activations import ggml_gelu
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tests.nomic_models import build_nomic_dense, build_nomic_moe, copy_with_transformers_keys  # noqa: E402 (needs torch)
+from tests.nomic_models import (  # noqa: E402 (needs torch)
+    build_nomic_dense, build_nomic_moe, copy_with_transformers_keys, use_ggml_gelu_in_moe,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -118,6 +121,28 @@ def test_pooled_embeddings_match_the_reference(nomic_converted, nomic_reference,
         cosine = float(got @ expected / np.linalg.norm(got))
         print(f"{kind} {outtype}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}  ({text[:20]!r})")
         assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+
+
+def test_moe_f32_embeddings_are_exact_up_to_ggml_gelu(nomic_models, nomic_reference, nomic_converted):
+    """The issue's f32 bound (1e-3 of the std, cosine 0.99999) holds for the MoE model against the
+    reference with ggml's float16-table GELU (tests/ggml_activations.py) in its MLPs and experts:
+    the 2e-3 above is llama.cpp's activation table, not the conversion."""
+    dirs, models = nomic_models
+    model = models["moe"]
+    assert use_ggml_gelu_in_moe(model, ggml_gelu) == 4  # one MLP or expert set per layer
+    try:
+        hidden_states = []
+        for ids, _ in nomic_reference["moe"]:
+            with torch.no_grad():
+                hidden_states.append(model(torch.tensor([ids])).last_hidden_state[0].double().numpy())
+    finally:
+        use_ggml_gelu_in_moe(model, torch.nn.functional.gelu)
+    for text, got, hidden in zip(SENTENCES, llama_embeddings(nomic_converted("moe", "f32"), SENTENCES), hidden_states):
+        expected = pooled(hidden, POOLING["moe"])
+        error = np.abs(got - expected).max() / expected.std()
+        cosine = float(got @ expected / np.linalg.norm(got))
+        print(f"moe f32 vs ggml-GELU reference: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
+        assert error <= 1e-3 and cosine >= 0.99999, (text, error, cosine)
 
 
 @pytest.mark.parametrize("kind", POOLING)

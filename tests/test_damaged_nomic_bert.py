@@ -4,17 +4,16 @@ tests/damaged_inputs.py). And the experts' output bias llama.cpp has no term for
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.bert_models import train_wordpiece, train_xlmr_unigram
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config, edit_json, edit_safetensors, run_cli
 
 pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from tests.nomic_models import build_nomic_dense, build_nomic_moe  # noqa: E402 (needs torch)
 
@@ -30,10 +29,12 @@ def originals(tmp_path_factory) -> dict[str, Path]:
 
 
 def _config(**changes):
-    def damage(model_dir: Path) -> None:
-        path = model_dir / "config.json"
-        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-    return damage
+    return lambda model_dir: edit_config(model_dir, **changes)
+
+
+def _without(key: str):
+    return lambda model_dir: edit_json(model_dir / "config.json", lambda config: {k: v for k, v in config.items()
+                                                                                 if k != key})
 
 
 # (folder, damage, culprit named in the error)
@@ -53,37 +54,22 @@ CASES = {
     "swiglu-in-the-moe-model": ("moe", _config(activation_function="swiglu"), "activation_function"),
     "experts-that-do-not-divide-the-rows": ("moe", _config(num_experts=3), "num_experts = 3"),
     "more-experts-used-than-there-are": ("moe", _config(moe_top_k=5), "moe_top_k"),
-    "no-experts-used-count": ("moe", lambda d: _edit_drop(d, "moe_top_k"), "moe_top_k"),
+    "no-experts-used-count": ("moe", _without("moe_top_k"), "moe_top_k"),
     "experts-in-a-dense-layer": ("moe", _config(moe_every_n_layers=3), "encoder.layers.3.mlp"),
 }
-
-
-def _edit_drop(model_dir: Path, key: str) -> None:
-    path = model_dir / "config.json"
-    config = json.loads(path.read_text())
-    del config[key]
-    path.write_text(json.dumps(config))
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)
 
 
 def test_a_nonzero_experts_bias_is_told(originals, tmp_path):
     """llama.cpp's nomic-bert-moe graph has no term for it: converted, with one warning saying so."""
-    from safetensors.torch import load_file, save_file
-
     model_dir = tmp_path / "moe"
     shutil.copytree(originals["moe"], model_dir)
-    tensors = load_file(model_dir / "model.safetensors")
-    tensors["encoder.layers.1.mlp.experts.bias"] = torch.full_like(tensors["encoder.layers.1.mlp.experts.bias"], 0.25)
-    save_file(tensors, str(model_dir / "model.safetensors"))
+    edit_safetensors(model_dir, lambda tensors: tensors["encoder.layers.1.mlp.experts.bias"].fill(0.25))
     target = tmp_path / "out.gguf"
     proc = run_cli("convert", model_dir, target, "--outtype", "f32", "--quiet")
     assert proc.returncode == 0, proc.stderr
