@@ -25,6 +25,7 @@ import numpy as np
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.bert import GELU, encoder_keys, layer_norm, linear
 from ggufsmith.arch.common import reject, sentence_transformers_folder
+from ggufsmith.arch.hybrid import only_where
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Dim, T
 from ggufsmith.constants import Keys
@@ -54,13 +55,14 @@ _SWIGLU = {  # llama.cpp's nomic-bert graph applies no MLP bias: a checkpoint wi
     _L + "mlp.fc2.weight": T(_B + "ffn_down.weight", "n_embd", "n_ff"),
 }
 _MOE = {
-    **{hf: T(e.name, *e.shape, optional=e.optional, when=f"not ({_MOE_LAYER})")
-       for hf, e in {**linear(_L + "mlp.fc1", _B + "ffn_up", "n_ff", "n_embd"),
-                     **linear(_L + "mlp.fc2", _B + "ffn_down", "n_embd", "n_ff")}.items()},
-    _L + "mlp.router.layer.weight": T(_B + "ffn_gate_inp.weight", "n_expert", "n_embd", when=_MOE_LAYER),
-    # megablocks' layout: every expert's rows stacked, (n_expert * n_ff, n_embd), for both matrices
-    _L + "mlp.experts.mlp.w1": T(_B + "ffn_up_exps.weight", "n_expert", "n_ff", "n_embd", when=_MOE_LAYER),
-    _L + "mlp.experts.mlp.w2": T(_B + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff", when=_MOE_LAYER),
+    **only_where({**linear(_L + "mlp.fc1", _B + "ffn_up", "n_ff", "n_embd"),
+                  **linear(_L + "mlp.fc2", _B + "ffn_down", "n_embd", "n_ff")}, f"not ({_MOE_LAYER})"),
+    **only_where({
+        _L + "mlp.router.layer.weight": T(_B + "ffn_gate_inp.weight", "n_expert", "n_embd"),
+        # megablocks' layout: every expert's rows stacked, (n_expert * n_ff, n_embd), for both matrices
+        _L + "mlp.experts.mlp.w1": T(_B + "ffn_up_exps.weight", "n_expert", "n_ff", "n_embd"),
+        _L + "mlp.experts.mlp.w2": T(_B + "ffn_down_exps.weight", "n_expert", "n_embd", "n_ff"),
+    }, _MOE_LAYER),
 }
 _EXPERTS_BIAS = r"encoder\.layers\.\d+\.mlp\.experts\.bias"
 
@@ -81,7 +83,7 @@ class NomicBert(Architecture):
         self.nomic_config = "n_embd" in c  # nomic's remote-code config, else transformers'
         act_key = "activation_function" if "activation_function" in c else "hidden_act"
         act = c.get_str(act_key, default="silu")
-        reject(c, act not in ((*GELU,) if self.moe else ("swiglu", "silu")), f"{act_key} is {act!r}")
+        reject(c, act not in (GELU if self.moe else ("swiglu", "silu")), f"{act_key} is {act!r}")
         if self.nomic_config:
             # what llama.cpp's graph does (its converter asserts the same); absent keys are nomic's defaults
             for key, expected in (("prenorm", False), ("causal", False), ("rotary_emb_interleaved", False),
