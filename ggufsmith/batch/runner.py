@@ -21,6 +21,7 @@ from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
 from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.errors import BatchError, GgufsmithError, one_line
+from ggufsmith.logs import WarningLines
 
 G = Keys.General
 
@@ -147,22 +148,13 @@ def _run_source(spec: SourceSpec, *, force: bool, on_progress: Callable[[float],
                              error=one_line(e)) for o in spec.outtypes]
 
 
-class _Collector(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(" ".join(record.getMessage().split()))
-
-
 @contextmanager
 def _collected_warnings():
     """The ggufsmith logger's warnings while the block runs, taken from its other handlers (the CLI's,
     or none at all in a worker process, where they would go to stderr unlabelled)."""
     logger = logging.getLogger("ggufsmith")
     saved = logger.handlers[:], logger.propagate
-    collector = _Collector()
+    collector = WarningLines()
     logger.handlers, logger.propagate = [collector], False
     try:
         yield collector.lines
