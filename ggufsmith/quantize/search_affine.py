@@ -174,8 +174,8 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         np.divide(solve[1:], det, out=trial[SCALE:])
         np.greater(this_min, 0, out=positive_min)
         if positive_min.any():
-            np.copyto(this_min, F32(0), where=positive_min)
-            np.copyto(this_scale, sum_xl / sum_l2, where=positive_min)
+            np.putmask(this_min, positive_min, F32(0))  # np.copyto(where=), but faster
+            np.putmask(this_scale, positive_min, sum_xl / sum_l2)
         error_into(trial[ERROR], this_scale, levels, this_min)
         np.greater(det, 0, out=better)
         better &= np.less(trial[ERROR], kept[ERROR], out=improved)
