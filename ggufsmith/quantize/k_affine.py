@@ -26,6 +26,7 @@ from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     F32,
+    NEAREST_INT_EXACT,
     float_warnings_off,
     fp16_bits,
     fp16_value,
@@ -61,8 +62,17 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
 def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray, nmax: int) -> np.ndarray:
     """Round x against the stored sub-block scale d and min dm; sub-blocks with d == 0 keep the
     levels of the search (C skips them)."""
-    fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
-    return np.where(d != 0, fresh, levels)
+    fresh = x + dm
+    fresh /= d
+    if max(np.max(fresh), -np.min(fresh)) <= NEAREST_INT_EXACT:  # False for NaN: then bit by bit
+        np.rint(fresh, out=fresh)  # nearest_int in its exact range
+        np.clip(fresh, 0, nmax, out=fresh)
+    else:
+        fresh = nearest_int_clipped(fresh, 0, nmax)
+    keep = np.flatnonzero(d.reshape(-1) == 0)  # rare: patched rather than a full-size np.where
+    if keep.size:
+        fresh[:, keep] = levels[:, keep]
+    return fresh
 
 
 def _max_positive(values: np.ndarray) -> np.ndarray:

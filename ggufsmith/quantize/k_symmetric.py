@@ -33,7 +33,11 @@ GROUPS = QK_K // GROUP
 def _requantize(x: np.ndarray, levels: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
     """Levels of every group against its final (stored) scale, uint8 [16, groups] position-major
     like x; groups whose scale is 0 keep the search's levels, as ggml's `if (!d) continue;` does."""
-    return np.where(group_scale != 0, _fresh_levels(x, group_scale, nmax), levels)
+    fresh = _fresh_levels(x, group_scale, nmax)
+    keep = np.flatnonzero(group_scale == 0)  # rare: patched rather than a full-size np.where
+    if keep.size:
+        fresh[:, keep] = levels[:, keep]
+    return fresh
 
 
 def _fresh_levels(x: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
