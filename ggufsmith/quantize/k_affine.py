@@ -47,11 +47,10 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
     per_super = QK_K // sub
     squares = x * x
     # The super-block's sum of squares in C order (sub-block j, then position i), from x's layout
-    # [i, super-block * per_super + j]: sub-block by sub-block, each continuing the running sum.
-    by_sub_block = squares.reshape(sub, -1, per_super)
-    total = sum_from_first(by_sub_block[:, :, 0])
-    for j in range(1, per_super):
-        total = sum_from_first(np.concatenate([total[None], by_sub_block[:, :, j]]))
+    # [i, super-block * per_super + j]: the squares reordered to rows j * sub + i (one copy), then
+    # summed row after row.
+    in_c_order = squares.reshape(sub, -1, per_super).transpose(2, 0, 1).reshape(QK_K, -1)
+    total = sum_from_first(in_c_order)
     sigma2 = F32(sigma_factor) * total / F32(QK_K)
     squares += np.repeat(sigma2, per_super)[None, :]
     np.sqrt(squares, out=squares)
