@@ -283,6 +283,19 @@ def check_model(
         raise ConversionError(f"the checkpoint lacks {shown}{more}, which llama.cpp needs{counted}")
 
 
+def check_declared_shape(table: Mapping[str, str | T | Split], name: str, shape: tuple[int, ...],
+                         sources: Sequence[str], dims: Mapping[str, Dim], config_path: str = "config.json") -> bool:
+    """Raise ConversionError when GGUF tensor `name` (a part of the model: a LoRA adapter's) has not
+    the shape the table declares for it under these dims; False when the table declares no such tensor."""
+    for d in declarations(table):
+        m = d.regex.fullmatch(name)
+        if m is not None:
+            bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
+            _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
+            return True
+    return False
+
+
 def _block_count(spec: T, dims: Mapping[str, Dim]) -> int | None:
     try:
         return int(evaluate(spec.blocks, dims))
