@@ -28,7 +28,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # What the tests need from the sdist: the converter script, its model classes and its gguf package,
 # and the vocabulary test files (75 MB).
-_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+_MEMBERS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
 # Present once the whole extraction is done (the folder is renamed into place only when complete).
 _COMPLETE_MARKERS = ("convert_hf_to_gguf.py", "models/ggml-vocab-llama-spm.gguf.out")
 
@@ -79,32 +79,80 @@ def reference_dir() -> Path:
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        download = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", tmp],
-            capture_output=True, text=True, timeout=900,
-        )
-        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        if download.returncode != 0 or not sdists:
-            _unavailable(f"pip download failed: {download.stderr.strip().splitlines()[-1:]}")
+        sdist = _download_sdist(Path(tmp))
         staging = Path(tmp) / "extracted"
-        with tarfile.open(sdists[0]) as tar:
-            for member in tar.getmembers():
-                if not member.name.startswith(_SDIST_PREFIX):
-                    continue
-                relative = member.name[len(_SDIST_PREFIX):]
-                if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
-                    member.name = relative
-                    tar.extract(member, staging, filter="data")
+        _extract(sdist, staging, _MEMBERS)
         missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
         if missing:
-            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
+            _unavailable(f"{sdist.name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
             if not _complete(target):
                 raise
     return target
+
+
+def _download_sdist(folder: Path) -> Path:
+    """The llama-cpp-python sdist the tests pin, downloaded by pip into `folder`."""
+    download = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(folder)],
+        capture_output=True, text=True, timeout=900,
+    )
+    sdists = list(folder.glob("llama_cpp_python-*.tar.gz"))
+    if download.returncode != 0 or not sdists:
+        _unavailable(f"pip download failed: {download.stderr.strip().splitlines()[-1:]}")
+    return sdists[0]
+
+
+def _extract(sdist: Path, staging: Path, members: tuple[str, ...]) -> None:
+    """The sdist's llama.cpp files starting with one of `members`, into `staging` (paths relative to llama.cpp)."""
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            if not member.name.startswith(_SDIST_PREFIX):
+                continue
+            relative = member.name[len(_SDIST_PREFIX):]
+            if relative.startswith(members) and (member.isfile() or member.isdir()):
+                member.name = relative
+                tar.extract(member, staging, filter="data")
+
+
+def lora_reference_script() -> Path:
+    """llama.cpp's convert_lora_to_gguf.py beside convert_hf_to_gguf.py (whose model classes it
+    uses); added to a cache extracted before the tests needed it."""
+    script = reference_dir() / "convert_lora_to_gguf.py"
+    if not script.is_file():
+        with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+            staging = Path(tmp) / "extracted"
+            _extract(_download_sdist(Path(tmp)), staging, ("convert_lora_to_gguf.py",))
+            os.replace(staging / "convert_lora_to_gguf.py", script)  # atomic: complete or absent
+    return script
+
+
+# convert_lora_to_gguf.py run once per outtype in one Python process (importing torch is most of a run).
+_CONVERT_LORA_EACH_OUTTYPE = """
+import runpy, sys
+from pathlib import Path
+
+script, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
+sys.path.insert(0, str(Path(script).parent))
+for outtype in outtypes:
+    outfile = str(Path(out_dir) / f"reference-lora-{outtype}.gguf")
+    sys.argv = [script, adapter_dir, "--base", base_dir, "--outfile", outfile, "--outtype", outtype]
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
+                               outtypes: tuple[str, ...]) -> dict[str, Path]:
+    """outtype -> convert_lora_to_gguf.py's GGUF of the PEFT adapter `adapter_dir` on `base_dir`
+    (out_dir/reference-lora-<outtype>.gguf), all made in one Python process."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    script = lora_reference_script()
+    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(adapter_dir), str(base_dir),
+          str(out_dir), *outtypes], adapter_dir, timeout=1800)
+    return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
 
 
 def vocab_models_dir() -> Path:
