@@ -241,24 +241,7 @@ def check_model(
     declared = declarations(table)
     present = {name: (shape, sources) for name, shape, sources in tensors}
     for name, (shape, sources) in present.items():
-        for d in declared:
-            m = d.regex.fullmatch(name)
-            if m is None:
-                continue
-            bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
-            count = _block_count(d.spec, dims)
-            if bid is not None and count is not None and bid >= count:
-                raise ConversionError(
-                    f"{_describe(name, sources)} belongs to block {bid}, but {config_path} "
-                    f"{_origin(d.spec.blocks, dims)} = {count}; the checkpoint and the config disagree"
-                )
-            if not _applies(d.spec, dims, bid):
-                raise ConversionError(
-                    f"{_describe(name, sources)} is not part of this model ({d.spec.when} is false for it); "
-                    f"{config_path} does not describe this checkpoint"
-                )
-            _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
-            break
+        _check_declared(declared, name, shape, sources, dims, config_path)
 
     missing = []
     for d in declared:
@@ -283,16 +266,34 @@ def check_model(
         raise ConversionError(f"the checkpoint lacks {shown}{more}, which llama.cpp needs{counted}")
 
 
-def check_declared_shape(table: Mapping[str, str | T | Split], name: str, shape: tuple[int, ...],
-                         sources: Sequence[str], dims: Mapping[str, Dim], config_path: str = "config.json") -> bool:
-    """Raise ConversionError when GGUF tensor `name` (a part of the model: a LoRA adapter's) has not
-    the shape the table declares for it under these dims; False when the table declares no such tensor."""
-    for d in declarations(table):
+def check_declared(table: Mapping[str, str | T | Split], name: str, shape: tuple[int, ...], sources: Sequence[str],
+                   dims: Mapping[str, Dim], config_path: str = "config.json") -> bool:
+    """Raise ConversionError unless GGUF tensor `name` (one tensor, e.g. one a LoRA adapter updates)
+    is part of the model these dims describe, with the shape the table declares; False when the
+    table declares no such tensor."""
+    return _check_declared(declarations(table), name, shape, sources, dims, config_path)
+
+
+def _check_declared(declared: list[Declared], name: str, shape: tuple[int, ...], sources: Sequence[str],
+                    dims: Mapping[str, Dim], config_path: str) -> bool:
+    for d in declared:
         m = d.regex.fullmatch(name)
-        if m is not None:
-            bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
-            _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
-            return True
+        if m is None:
+            continue
+        bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
+        count = _block_count(d.spec, dims)
+        if bid is not None and count is not None and bid >= count:
+            raise ConversionError(
+                f"{_describe(name, sources)} belongs to block {bid}, but {config_path} "
+                f"{_origin(d.spec.blocks, dims)} = {count}; the checkpoint and the config disagree"
+            )
+        if not _applies(d.spec, dims, bid):
+            raise ConversionError(
+                f"{_describe(name, sources)} is not part of this model ({d.spec.when} is false for it); "
+                f"{config_path} does not describe this checkpoint"
+            )
+        _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
+        return True
     return False
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture
-from ggufsmith.arch.tensors import Dim, check_declared_shape, model_dims
+from ggufsmith.arch.tensors import Dim, check_declared, model_dims
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
 from ggufsmith.converters.general_metadata import ParameterCount, general_metadata
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, ConversionPlan, PlannedTensor, choose_type, guess_outtype,
@@ -203,7 +203,7 @@ def adapted_tensors(adapter: PeftAdapter, plugin: Architecture) -> list[AdaptedT
             _check_row_layout(config_path, plugin, pair)
         right = _right_factor(pair)
         shape = (m.tensor.shape[0], right.shape[1])
-        check_declared_shape(plugin.tensor_names, m.name, shape, [f"{pair.weight_name} in the adapter"], dims,
+        check_declared(plugin.tensor_names, m.name, shape, [f"{pair.weight_name} in the adapter"], dims,
                              plugin.config.label)
         if pair.embedding:  # llama.cpp looks its rows up by token: (vocab, r); lora_b as PEFT's B (dim, r)
             adapted.append(AdaptedTensor(m.name, pair, m.tensor, pair.b))
