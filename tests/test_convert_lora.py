@@ -4,18 +4,21 @@ model with the adapter merged in (PEFT merge_and_unload); and the files equal th
 convert_lora_to_gguf.py where it converts the same adapter.
 
 Models: small random llama (GQA: the q/k rotary permutation applies to lora_B), qwen2 (q/k/v
-biases, no permutation) and gemma (GeGLU, tied embeddings, norms stored as offsets), each with an
-adapter on q, k, v, o, gate, up and down made by peft with random non-zero factors
+biases, no permutation), gemma (GeGLU, tied embeddings, norms stored as offsets), each with an
+adapter on q, k, v, o, gate, up and down, and phi3 (q, k and v fused in one qkv_proj, gate and up
+in one gate_up_proj, as llama.cpp loads them), with an adapter on those fused layers; made by peft with random non-zero factors
 (init_lora_weights=False); and a llama adapter with what llama.cpp's scale alpha / r does not
 express by itself: rsLoRA (alpha / sqrt(r)), a rank_pattern and an alpha_pattern, and the token
 embeddings and output head adapted too.
 
-Tolerances, max |llama.cpp - transformers| / std(transformers' logits):
-  f32: 1e-3 (llama, qwen2), 1e-2 (gemma: llama.cpp computes GELU through a float16 table, the
-       bound of the base model's own test); the adapter's factors are stored exactly.
-  f16: 2e-2: the factors rounded to float16 (relative 2^-11) on top of the f32 error.
-Without the adapter llama.cpp's logits are more than 100 times the tolerance away (checked), so a
-dropped or misplaced tensor cannot pass.
+Tolerances, max |llama.cpp - transformers| / std(transformers' logits), base model in F32:
+  f32: 1e-3 (llama, qwen2, phi3; measured 5e-6 to 7e-6), 1e-2 for gemma (measured 3e-3: llama.cpp
+       computes GELU through a float16 table, the bound of the base model's own test); the
+       adapter's factors are stored exactly.
+  f16: 2e-2: the factors rounded to float16 (relative 2^-11) on top of the f32 error; measured
+       4.2e-3 to 6.1e-3.
+Without the adapter llama.cpp's logits are about 5 standard deviations away (more than 100 times
+any tolerance, checked), so a dropped or misplaced tensor cannot pass.
 """
 
 from __future__ import annotations
@@ -58,18 +61,22 @@ MODELS = {
     "llama": ("LlamaForCausalLM", "sentencepiece", dict(COMMON, vocab_size=1200, tie_word_embeddings=False)),
     "qwen2": ("Qwen2ForCausalLM", "qwen2", dict(COMMON, vocab_size=608, tie_word_embeddings=False)),
     "gemma": ("GemmaForCausalLM", "sentencepiece", None),
+    # fused in the checkpoint already: qkv_proj and gate_up_proj, adapted as one each
+    "phi3": ("Phi3ForCausalLM", "phi3", dict(COMMON, vocab_size=608, tie_word_embeddings=False)),
 }
+TARGETS_OF = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
 # The llama adapter whose scales differ per module, with the embeddings and the head adapted.
 SCALED = dict(use_rslora=True, rank_pattern={"v_proj": 4}, alpha_pattern={"down_proj": 5},
               target_modules=[*TARGETS, "embed_tokens", "lm_head"])
 
 
-def make_adapter(model_dir: Path, model_class: str, adapter_dir: Path, seed: int = 1, **lora) -> np.ndarray:
+def make_adapter(model_dir: Path, model_class: str, adapter_dir: Path, seed: int = 1, targets=TARGETS,
+                 **lora) -> np.ndarray:
     """Save a peft LoRA adapter with random factors for the model in model_dir; returns the logits
     of the model with the adapter merged in, over PROMPT."""
     model = getattr(transformers, model_class).from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(seed)
-    options = dict(r=8, lora_alpha=16, target_modules=TARGETS, init_lora_weights=False) | lora
+    options = dict(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False) | lora
     peft_model = peft.get_peft_model(model, peft.LoraConfig(**options))
     peft_model.save_pretrained(adapter_dir)
     merged = peft_model.merge_and_unload().eval()
@@ -86,6 +93,10 @@ def models(tmp_path_factory):
         base = root / name
         if tokenizer == "sentencepiece":
             train_sentencepiece(base)
+        elif tokenizer == "phi3":  # llama.cpp looks Phi-3's chat tokens up in its vocabulary
+            from tests.test_arch_dense import train_phi3_tokenizer
+
+            train_phi3_tokenizer(base)
         else:
             train_bpe(base, tokenizer, vocab_size=600)
         if fields is None:
@@ -96,7 +107,7 @@ def models(tmp_path_factory):
         # loaded by a relative name, which peft writes into the adapter's model card as its base_model,
         # as it writes a Hub id (an absolute path there: see the report on general_metadata)
         with contextlib.chdir(root):
-            logits = make_adapter(Path(name), model_class, adapter)
+            logits = make_adapter(Path(name), model_class, adapter, targets=TARGETS_OF.get(name, TARGETS))
         base_gguf = root / f"{name}-f32.gguf"
         ggufsmith.convert(base, base_gguf, outtype="f32")
         out[name] = base, adapter, logits, base_gguf
@@ -185,8 +196,8 @@ def test_same_file_as_convert_lora_to_gguf(converted, reference, name, outtype):
     assert_same_file(ours, reference(name)[outtype], KEY_DIFFERENCES)
     if outtype == "q8_0":
         _, tensors = gguf_contents(ours)
-        assert tensors["blk.0.attn_q.weight.lora_b"][1] == 1  # F16
-        assert tensors["blk.0.attn_q.weight.lora_a"][1] == 8  # Q8_0
+        assert tensors["blk.0.attn_output.weight.lora_b"][1] == 1  # F16
+        assert tensors["blk.0.attn_output.weight.lora_a"][1] == 8  # Q8_0
 
 
 @pytest.fixture(scope="session")
