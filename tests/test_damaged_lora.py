@@ -214,12 +214,22 @@ def _layout_the_factors_cannot_follow(tmp_path):
     return [adapter, "--base", base], "attn_qkv"
 
 
+def _experts_joined_into_one_tensor(tmp_path):
+    """Mixtral's experts, one module each in the checkpoint, are one stacked tensor in GGUF."""
+    base = base_with(tmp_path, architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=2,
+                     num_experts_per_tok=1)
+    experts = {f"model.layers.0.block_sparse_moe.experts.{i}.w1": (352, 128) for i in range(2)}
+    adapter = write_adapter(tmp_path / "adapter", factors(experts))
+    return [adapter, "--base", base], "ffn_gate_exps"
+
+
 DAMAGE = {f.__name__[1:]: f for f in (
     _missing_config, _config_not_json, _no_weights, _truncated_weights, _bin_not_a_checkpoint,
     _base_not_given, _base_path_gone, _base_id_not_in_cache, _base_without_config,
     _dora, _modules_to_save, _full_weight_in_file, _not_lora, _alpha_zero, _trained_biases,
     _lora_b_missing, _ranks_disagree, _unknown_target_module, _shape_mismatch_with_base, _block_past_the_base,
     _embeddings_of_a_tied_base, _convolution_factors, _layout_the_factors_cannot_follow,
+    _experts_joined_into_one_tensor,
 )}
 
 
