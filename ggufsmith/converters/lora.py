@@ -16,7 +16,8 @@ rows (the llama q/k rotary permutation, a split of a fused tensor into parts) is
 update. Whether a plugin's change of layout is such a row operation is not assumed: for each kind
 of adapted tensor, it is tried once on a random matrix of the weight's full shape, and an adapter
 whose layout change the factors cannot follow (a transposition, tensors joined into one) is
-refused in one line.
+refused in one line. (The trial costs one matrix of the weight's size per kind of tensor the
+plugin changes, as the base model's own conversion does; tensors it keeps as they are need none.)
 
 PEFT scales each module's update by alpha / r (alpha / sqrt(r) with rsLoRA), alpha and r per
 module with alpha_pattern / rank_pattern; llama.cpp by one alpha over each tensor's r. The file's
@@ -198,7 +199,7 @@ def adapted_tensors(adapter: PeftAdapter, plugin: Architecture) -> list[AdaptedT
         mapped_sources.add(pair.weight_name)
         _refuse_unappliable(config_path, plugin, m.name, pair, tied)
         kind = (re.sub(r"\.\d+\.", ".#.", pair.weight_name), pair.a.shape, pair.b.shape)
-        if kind not in checked:
+        if m.tensor is not left[pair.weight_name] and kind not in checked:  # laid out otherwise than stored
             checked.add(kind)
             _check_row_layout(config_path, plugin, pair)
         right = _right_factor(pair)
