@@ -228,7 +228,7 @@ def test_rslora_patterns_and_embeddings_as_merged(scaled_adapter, tmp_path):
 
 def test_base_found_in_the_hugging_face_cache(models, converted, tmp_path):
     """Without --base, base_model_name_or_path names a repository id found in the local Hugging Face
-    cache (HF_HUB_CACHE); only its config.json is there."""
+    cache (HF_HUB_CACHE); only its config.json is there. --base with the id finds it there too."""
     base, adapter, _, _ = models["llama"]
     cache = tmp_path / "hub"
     snapshot = cache / "models--tiny-org--tiny-llama" / "snapshots" / ("0" * 40)
@@ -242,10 +242,12 @@ def test_base_found_in_the_hugging_face_cache(models, converted, tmp_path):
     (moved / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": "tiny-org/tiny-llama"}))
     out = tmp_path / "adapter.gguf"
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", CLI_CODE, "convert-lora", str(moved), str(out), "--outtype", "f16"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert out.read_bytes() == converted("llama", "f16").read_bytes()
+    for args in ([moved], [adapter, "--base", "tiny-org/tiny-llama"]):  # from the adapter config, or --base ID
+        out.unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "-c", CLI_CODE, "convert-lora", *map(str, args), str(out)],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert out.read_bytes() == converted("llama", "f16").read_bytes()
 
 
 def test_adapter_model_bin_reads_as_safetensors(models, converted, tmp_path):

@@ -60,11 +60,15 @@ def base_with(tmp_path: Path, **config) -> Path:
 
 
 def test_the_undamaged_adapter_converts(tmp_path):
+    from tests.llamacpp_reference import gguf_contents
+
     adapter = write_adapter(tmp_path / "adapter", factors(), base_model_name_or_path=str(EXAMPLE_MODEL))
     out = tmp_path / "out.gguf"
-    proc = run_cli("convert-lora", adapter, out)
-    assert proc.returncode == 0, proc.stderr
-    assert out.is_file()
+    proc = run_cli("convert-lora", adapter, out, "--model-name", "My Adapter", "-q")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    keys, tensors = gguf_contents(out)
+    assert keys["general.name"] == "My Adapter" and keys["adapter.lora.alpha"] == 8.0
+    assert len(tensors) == 2 * len(MODULES)
 
 
 def _without(tensors: dict, name: str) -> dict:
@@ -120,6 +124,11 @@ def _base_path_gone(tmp_path):
 def _base_id_not_in_cache(tmp_path):
     adapter = write_adapter(tmp_path / "adapter", factors(), base_model_name_or_path="NoSuchOrg/NoSuchBase")
     return [adapter], "NoSuchOrg/NoSuchBase"
+
+
+def _base_id_download_without_a_connection(tmp_path):
+    adapter = write_adapter(tmp_path / "adapter", factors(), base_model_name_or_path="NoSuchOrg/NoSuchBase")
+    return [adapter, "--download"], "cannot download"
 
 
 def _base_without_config(tmp_path):
@@ -225,7 +234,8 @@ def _experts_joined_into_one_tensor(tmp_path):
 
 DAMAGE = {f.__name__[1:]: f for f in (
     _missing_config, _config_not_json, _no_weights, _truncated_weights, _bin_not_a_checkpoint,
-    _base_not_given, _base_path_gone, _base_id_not_in_cache, _base_without_config,
+    _base_not_given, _base_path_gone, _base_id_not_in_cache, _base_id_download_without_a_connection,
+    _base_without_config,
     _dora, _modules_to_save, _full_weight_in_file, _not_lora, _alpha_zero, _trained_biases,
     _lora_b_missing, _ranks_disagree, _unknown_target_module, _shape_mismatch_with_base, _block_past_the_base,
     _embeddings_of_a_tied_base, _convolution_factors, _layout_the_factors_cannot_follow,
