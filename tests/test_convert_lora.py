@@ -262,3 +262,22 @@ def test_adapter_model_bin_reads_as_safetensors(models, converted, tmp_path):
     out = tmp_path / "adapter.gguf"
     ggufsmith.convert_lora(moved, out, "f16", base)
     assert out.read_bytes() == converted("qwen2", "f16").read_bytes()
+
+
+def test_download_fetches_only_the_base_config(models, tmp_path, monkeypatch):
+    """--download asks the Hub for the base model's config.json alone (not gigabytes of weights an
+    adapter's conversion never reads)."""
+    import huggingface_hub
+
+    base, adapter, _, _ = models["llama"]
+    asked = []
+
+    def snapshot_download(repo_id, **options):  # stands in for the network, records the request
+        asked.append((repo_id, options))
+        if options.get("local_files_only"):
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        return str(base)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    ggufsmith.convert_lora(adapter, tmp_path / "out.gguf", "f16", "tiny-org/not-cached", download=True)
+    assert [(repo, options.get("allow_patterns")) for repo, options in asked] == [("tiny-org/not-cached", ["config.json"])]

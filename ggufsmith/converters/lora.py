@@ -53,6 +53,8 @@ from ggufsmith.readers.peft_adapter import LoraPair, PeftAdapter, open_adapter
 # The output types of llama.cpp's convert_lora_to_gguf.py (lora_b rows of r values fall back to
 # F16 under Q8_0 when r is not a multiple of 32, as there).
 LORA_OUTTYPES = ("f32", "f16", "bf16", "q8_0", AUTO_OUTTYPE)
+# What an adapter's conversion reads of its base model (and downloads of it, with `download`).
+BASE_FILES = ["config.json"]
 TOKEN_EMBD = "token_embd.weight"
 OUTPUT = "output.weight"
 
@@ -98,7 +100,7 @@ def base_folder(adapter: PeftAdapter, base: str | Path | None, *, download: bool
     from ggufsmith.readers.hub import looks_like_repo_id, resolve_source
 
     if base is not None:
-        folder, _ = resolve_source(base, download=download)
+        folder, _ = resolve_source(base, download=download, files=BASE_FILES)
         if not folder.is_dir():
             raise ConversionError(f"--base {base}: no such folder; give the base model's folder or repository id")
         return folder
@@ -111,7 +113,7 @@ def base_folder(adapter: PeftAdapter, base: str | Path | None, *, download: bool
     if not looks_like_repo_id(name):
         raise ConversionError(f"{where} {name!r} is no folder here; pass --base with the base model's folder")
     try:
-        return resolve_source(name, download=download)[0]
+        return resolve_source(name, download=download, files=BASE_FILES)[0]
     except ConversionError as e:
         raise ConversionError(f"{where}: {e}; or pass --base with the base model's folder") from None
 
