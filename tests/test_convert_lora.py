@@ -181,13 +181,16 @@ def reference(models, tmp_path_factory):
     def get(name: str) -> dict[str, Path]:
         if name not in cache:
             base, adapter, _, _ = models[name]
-            cache[name] = reference_lora_conversions(adapter, base, root / name, ("f32", "f16", "q8_0"))
+            cache[name] = reference_lora_conversions(adapter, base, root / name, COMPARED)
         return cache[name]
 
     return get
 
 
-@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+COMPARED = ("f32", "f16", "bf16", "q8_0")
+
+
+@pytest.mark.parametrize("outtype", COMPARED)
 @pytest.mark.parametrize("name", list(MODELS))
 def test_same_file_as_convert_lora_to_gguf(converted, reference, name, outtype):
     """Same keys, values, tensor names, order, shapes, types and bytes (q8_0: lora_b's rows of r = 8
