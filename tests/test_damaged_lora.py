@@ -142,6 +142,11 @@ def _dora(tmp_path):
     return [adapter, "--base", EXAMPLE_MODEL], "use_dora"
 
 
+def _pissa_not_converted(tmp_path):
+    adapter = write_adapter(tmp_path / "adapter", factors(), init_lora_weights="pissa_niter_4")
+    return [adapter, "--base", EXAMPLE_MODEL], "init_lora_weights"
+
+
 def _modules_to_save(tmp_path):
     adapter = write_adapter(tmp_path / "adapter", factors(), modules_to_save=["lm_head"])
     return [adapter, "--base", EXAMPLE_MODEL], "modules_to_save"
@@ -236,7 +241,7 @@ DAMAGE = {f.__name__[1:]: f for f in (
     _missing_config, _config_not_json, _no_weights, _truncated_weights, _bin_not_a_checkpoint,
     _base_not_given, _base_path_gone, _base_id_not_in_cache, _base_id_download_without_a_connection,
     _base_without_config,
-    _dora, _modules_to_save, _full_weight_in_file, _not_lora, _alpha_zero, _trained_biases,
+    _dora, _pissa_not_converted, _modules_to_save, _full_weight_in_file, _not_lora, _alpha_zero, _trained_biases,
     _lora_b_missing, _ranks_disagree, _unknown_target_module, _shape_mismatch_with_base, _block_past_the_base,
     _embeddings_of_a_tied_base, _convolution_factors, _layout_the_factors_cannot_follow,
     _experts_joined_into_one_tensor,

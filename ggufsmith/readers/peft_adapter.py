@@ -55,6 +55,10 @@ _REFUSED_SETTINGS = {
     "layer_replication": "it duplicates layers of the base model, which llama.cpp's LoRA cannot do",
 }
 
+# init_lora_weights that subtract the adapter's initial factors from the base weights (PiSSA, OLoRA,
+# CorDA): such an adapter applies to that changed base only.
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda")
+
 
 @dataclass(frozen=True)
 class LoraPair:
@@ -160,6 +164,11 @@ def _checked_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     for key, why in _REFUSED_SETTINGS.items():
         if config.get(key) not in (None, False, [], {}, ""):
             raise refuse(key, why)
+    init = config.get("init_lora_weights")
+    if isinstance(init, str) and init.startswith(_BASE_CHANGING_INITS):
+        raise refuse("init_lora_weights", "the adapter works on a base model PEFT changed when it made the adapter, "
+                     "not on the published one; convert it to a plain LoRA first (PEFT save_pretrained with "
+                     "path_initial_model_for_weight_conversion)")
     if config.get("bias", "none") != "none":
         raise refuse("bias", "it trains the base model's biases, which llama.cpp's LoRA cannot apply")
     alpha = config.get("lora_alpha")
