@@ -207,7 +207,8 @@ def test_same_file_as_convert_lora_to_gguf(converted, reference, name, outtype):
 def scaled_adapter(models, tmp_path_factory):
     base, _, _, base_gguf = models["llama"]
     adapter = tmp_path_factory.mktemp("lora-scaled") / "adapter"
-    logits = make_adapter(base, "LlamaForCausalLM", adapter, seed=2, **SCALED)
+    with contextlib.chdir(base.parent):  # a relative base_model in the model card, as in `models`
+        logits = make_adapter(Path(base.name), "LlamaForCausalLM", adapter, seed=2, **SCALED)
     return base, adapter, logits, base_gguf
 
 
@@ -284,3 +285,22 @@ def test_download_fetches_only_the_base_config(models, tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     ggufsmith.convert_lora(adapter, tmp_path / "out.gguf", "f16", "tiny-org/not-cached", download=True)
     assert [(repo, options.get("allow_patterns")) for repo, options in asked] == [("tiny-org/not-cached", ["config.json"])]
+
+
+def test_scaled_adapter_against_convert_lora_to_gguf(scaled_adapter, tmp_path):
+    """Where convert_lora_to_gguf.py converts the rsLoRA / rank_pattern / alpha_pattern adapter too,
+    the files differ in adapter.lora.alpha (the reference writes lora_alpha as it is, ignoring
+    use_rslora) and in the lora_b of the modules whose scale differs (the reference ignores
+    alpha_pattern): every other tensor has the same bytes, and llama.cpp applies the reference's
+    file at the wrong scale where it applies ours as the merged model."""
+    base, adapter, expected, base_gguf = scaled_adapter
+    ours = tmp_path / "ours.gguf"
+    ggufsmith.convert_lora(adapter, ours, "f32", base)
+    theirs = reference_lora_conversions(adapter, base, tmp_path / "reference", ("f32",))["f32"]
+    (our_keys, our_tensors), (their_keys, their_tensors) = gguf_contents(ours), gguf_contents(theirs)
+    assert {k for k in our_keys if our_keys[k] != their_keys.get(k)} == {"adapter.lora.alpha"}
+    assert their_keys["adapter.lora.alpha"] == 16.0
+    assert list(our_tensors) == list(their_tensors)
+    rescaled = {name for name in our_tensors if our_tensors[name] != their_tensors[name]}
+    assert rescaled == {f"blk.{i}.{t}.weight.lora_b" for i in range(2) for t in ("attn_v", "ffn_down")}
+    assert relative_error(llamacpp_logits(base_gguf, PROMPT, lora_path=theirs), expected) > 0.1
