@@ -207,7 +207,7 @@ def adapted_tensors(adapter: PeftAdapter, plugin: Architecture) -> list[AdaptedT
         right = _right_factor(pair)
         shape = (m.tensor.shape[0], right.shape[1])
         check_declared(plugin.tensor_names, m.name, shape, [f"{pair.weight_name} in the adapter"], dims,
-                             plugin.config.label)
+                       plugin.config.label)
         if pair.embedding:  # llama.cpp looks its rows up by token: (vocab, r); lora_b as PEFT's B (dim, r)
             adapted.append(AdaptedTensor(m.name, pair, m.tensor, pair.b))
         else:
