@@ -28,7 +28,7 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST_PREFIX = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 # What the tests need from the sdist: the converter script, its model classes and its gguf package,
 # and the vocabulary test files (75 MB).
-_MEMBERS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+_MEMBERS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
 # Present once the whole extraction is done (the folder is renamed into place only when complete).
 _COMPLETE_MARKERS = ("convert_hf_to_gguf.py", "models/ggml-vocab-llama-spm.gguf.out")
 
@@ -66,79 +66,72 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
-def _complete(folder: Path) -> bool:
-    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
-
-
 def reference_dir() -> Path:
     """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
     (fetched on first use)."""
     # The name says what it holds: caches of an older layout (without models/) are not reused.
     target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
-    if _complete(target):
+    return _extracted(target, _MEMBERS, _COMPLETE_MARKERS)
+
+
+def legacy_converter() -> Path:
+    """llama.cpp's examples/convert_legacy_llama.py, the converter of Meta-layout checkpoints
+    (consolidated.*.pth + params.json); run it with reference_env() (its gguf-py)."""
+    target = cache_root() / f"llama.cpp-legacy-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "examples/convert_legacy_llama.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+def _extracted(target: Path, members: tuple[str, ...], markers: tuple[str, ...]) -> Path:
+    """`target` holding `members` of the sdist's llama.cpp tree, fetched with pip on first use."""
+    if all((target / marker).is_file() for marker in markers):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-        sdist = _download_sdist(Path(tmp))
+        download = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", tmp],
+            capture_output=True, text=True, timeout=900,
+        )
+        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if download.returncode != 0 or not sdists:
+            _unavailable(f"pip download failed: {download.stderr.strip().splitlines()[-1:]}")
         staging = Path(tmp) / "extracted"
-        _extract(sdist, staging, _MEMBERS)
-        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        with tarfile.open(sdists[0]) as tar:
+            for member in tar.getmembers():
+                if not member.name.startswith(_SDIST_PREFIX):
+                    continue
+                relative = member.name[len(_SDIST_PREFIX):]
+                if relative.startswith(members) and (member.isfile() or member.isdir()):
+                    member.name = relative
+                    tar.extract(member, staging, filter="data")
+        missing = [marker for marker in markers if not (staging / marker).is_file()]
         if missing:
-            _unavailable(f"{sdist.name} has no {_SDIST_PREFIX}{missing[0]}")
+            _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not _complete(target):
+            if not all((target / marker).is_file() for marker in markers):
                 raise
     return target
 
 
-def _download_sdist(folder: Path) -> Path:
-    """The llama-cpp-python sdist the tests pin, downloaded by pip into `folder`."""
-    download = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-         f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(folder)],
-        capture_output=True, text=True, timeout=900,
-    )
-    sdists = list(folder.glob("llama_cpp_python-*.tar.gz"))
-    if download.returncode != 0 or not sdists:
-        _unavailable(f"pip download failed: {download.stderr.strip().splitlines()[-1:]}")
-    return sdists[0]
-
-
-def _extract(sdist: Path, staging: Path, members: tuple[str, ...]) -> None:
-    """The sdist's llama.cpp files starting with one of `members`, into `staging` (paths relative to llama.cpp)."""
-    with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            if not member.name.startswith(_SDIST_PREFIX):
-                continue
-            relative = member.name[len(_SDIST_PREFIX):]
-            if relative.startswith(members) and (member.isfile() or member.isdir()):
-                member.name = relative
-                tar.extract(member, staging, filter="data")
-
-
-def lora_reference_script() -> Path:
-    """llama.cpp's convert_lora_to_gguf.py beside convert_hf_to_gguf.py (whose model classes it
-    uses); added to a cache extracted before the tests needed it."""
-    script = reference_dir() / "convert_lora_to_gguf.py"
-    if not script.is_file():
-        with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
-            staging = Path(tmp) / "extracted"
-            _extract(_download_sdist(Path(tmp)), staging, ("convert_lora_to_gguf.py",))
-            os.replace(staging / "convert_lora_to_gguf.py", script)  # atomic: complete or absent
-    return script
+def lora_converter() -> Path:
+    """llama.cpp's convert_lora_to_gguf.py, the converter of PEFT LoRA adapters; it imports the model
+    classes of reference_dir()'s conversion/ package (see reference_lora_conversions)."""
+    target = cache_root() / f"llama.cpp-lora-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "convert_lora_to_gguf.py"
+    return _extracted(target, (script,), (script,)) / script
 
 
 # convert_lora_to_gguf.py run once per outtype in one Python process (importing torch is most of a run).
 _CONVERT_LORA_EACH_OUTTYPE = """
 import runpy, sys
-from pathlib import Path
 
-script, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
-sys.path.insert(0, str(Path(script).parent))
+script, conversion_dir, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
+sys.path.insert(0, conversion_dir)
 for outtype in outtypes:
-    outfile = str(Path(out_dir) / f"reference-lora-{outtype}.gguf")
+    outfile = f"{out_dir}/reference-lora-{outtype}.gguf"
     sys.argv = [script, adapter_dir, "--base", base_dir, "--outfile", outfile, "--outtype", outtype]
     runpy.run_path(script, run_name="__main__")
 """
@@ -149,9 +142,9 @@ def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
     """outtype -> convert_lora_to_gguf.py's GGUF of the PEFT adapter `adapter_dir` on `base_dir`
     (out_dir/reference-lora-<outtype>.gguf), all made in one Python process."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    script = lora_reference_script()
-    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(adapter_dir), str(base_dir),
-          str(out_dir), *outtypes], adapter_dir, timeout=1800)
+    script = lora_converter()
+    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(reference_dir()), str(adapter_dir),
+          str(base_dir), str(out_dir), *outtypes], adapter_dir, timeout=1800)
     return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
 
 
@@ -189,7 +182,8 @@ _CONVERT_EACH_OUTTYPE = """
 import os, sys
 from pathlib import Path
 
-script, model_dir, out_dir, *outtypes = sys.argv[1:]
+script, model_dir, out_dir, *rest = sys.argv[1:]
+outtypes, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
 sys.path.insert(0, str(Path(script).parent))
 import convert_hf_to_gguf
 if os.environ.get("GGUFSMITH_FORCE_PRE"):
@@ -198,7 +192,7 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
 
 for outtype in outtypes:
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype]
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()
 """
 
@@ -206,18 +200,19 @@ _conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
 
 def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
-                          pre: str | None = None) -> dict[str, Path]:
+                          pre: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
     Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
-    by hashing the tokens of a test text, which knows only published vocabularies)."""
-    key = (Path(model_dir).resolve(), tuple(outtypes))
+    by hashing the tokens of a test text, which knows only published vocabularies). `extra`: more
+    options for the script (--bigendian, ...); give each set of options its own out_dir."""
+    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(extra))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
         env = {"GGUFSMITH_FORCE_PRE": pre or ""}
-        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
+        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes, "--", *extra],
              model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]
