@@ -140,7 +140,7 @@ def test_scales_are_applied_per_block_and_rows_stream(models):
 
 
 @pytest.mark.parametrize("damage, message", [
-    ({"quant_method": "awq"}, "quant_method 'awq' is not supported"),
+    ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
     ({"weight_block_size": [128]}, "weight_block_size"),
     ({"weight_block_size": [64, 64]}, "does not give one scale per 64 x 64 block"),
 ])
