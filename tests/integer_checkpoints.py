@@ -113,11 +113,13 @@ def write_packed_checkpoint(original: Path, folder: Path, quantization_config: d
     """A copy of the float checkpoint at `original` with every Linear of the blocks replaced by
     pack(weight) -> (tensors, dequantized) as `<module>.<tensor>`; returns the state dict of the
     dequantized model."""
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
+    from safetensors.torch import load_file  # numpy has no bfloat16
 
     shutil.copytree(original, folder)
     stored, dequantized = {}, {}
     for name, tensor in load_file(original / "model.safetensors").items():
+        tensor = tensor.float().numpy()
         if name.endswith("proj.weight"):
             parts, values = pack(tensor.astype(np.float32))
             module = name.removesuffix(".weight")

@@ -105,7 +105,7 @@ def dequantize_gptq(tensors: dict[str, LazyTensor], quantization: HFConfig) -> d
                               f"supported (supported: {', '.join(GPTQ_FORMATS)}); use a copy saved in the gptq format")
     group_size = quantization.get_int("group_size", default=-1, min=-1)
     return _replace_packed(tensors, ("qzeros", "scales", "g_idx"), lambda parts: _gptq_weight(
-        parts, bits, group_size, GPTQ_FORMATS[layout], quantization.label))
+        parts, bits, group_size, GPTQ_FORMATS[layout]))
 
 
 def dequantize_awq(tensors: dict[str, LazyTensor], quantization: HFConfig) -> dict[str, LazyTensor]:
@@ -145,8 +145,7 @@ def _replace_packed(tensors: dict[str, LazyTensor], companions: tuple[str, ...],
     return out
 
 
-def _gptq_weight(parts: dict[str, LazyTensor], bits: int, group_size: int, zero_offset: int,
-                 label: str) -> LazyTensor:
+def _gptq_weight(parts: dict[str, LazyTensor], bits: int, group_size: int, zero_offset: int) -> LazyTensor:
     qweight, qzeros, scales = parts["qweight"], parts["qzeros"], parts["scales"]
     _check_2d(qweight, qzeros, scales)
     word_bits = _integer_bits(qweight)
@@ -157,9 +156,9 @@ def _gptq_weight(parts: dict[str, LazyTensor], bits: int, group_size: int, zero_
             raise ConversionError(f"{parts['g_idx'].source}: expected one group index per input, found shape "
                                   f"{list(parts['g_idx'].shape)}; the checkpoint is damaged")
         inputs = parts["g_idx"].shape[0]
-    n_groups = scales.shape[0]
+    n_groups = -(-inputs // group_size) if group_size > 0 else 1
     _expect(qweight, (-(-inputs * bits // word_bits), outputs), f"{inputs} inputs of {bits} bits")
-    _expect(scales, (n_groups, outputs), f"one scale per group and output of {qweight.source}")
+    _expect(scales, (n_groups, outputs), f"one scale per group of {group_size} inputs and output of {qweight.source}")
     _expect(qzeros, (n_groups, -(-outputs * bits // _integer_bits(qzeros))),
             f"{n_groups} groups of {outputs} zero points of {bits} bits")
 
@@ -167,9 +166,7 @@ def _gptq_weight(parts: dict[str, LazyTensor], bits: int, group_size: int, zero_
         if "g_idx" in parts:
             groups = parts["g_idx"].load().astype(np.int64)
         else:
-            if group_size <= 0 and n_groups != 1:
-                raise ConversionError(f"{qweight.source}: {n_groups} groups without g_idx nor a group_size in {label}")
-            groups = np.arange(inputs) // (group_size if group_size > 0 else inputs)
+            groups = np.arange(inputs) // (group_size if group_size > 0 else max(inputs, 1))
         if groups.size and (groups.min() < 0 or groups.max() >= n_groups):
             raise ConversionError(f"{parts.get('g_idx', qweight).source}: group indices outside the "
                                   f"{n_groups} groups of the scales; the checkpoint is damaged")
