@@ -1,6 +1,6 @@
 """Damaged-input catalogue: pre-quantized integer checkpoints (GPTQ, AWQ) whose packed tensors or
 quantization_config do not fit together. Made from the example model with the tests' packers
-(tests/integer_checkpoints.py, numpy only); each entry asserts the contract of
+(tests/prequantized_checkpoints.py, numpy only); each entry asserts the contract of
 tests/damaged_inputs.py: one line naming the tensor or key, nothing written."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tests.damaged_inputs import EXAMPLE_MODEL, assert_clean_failure, run_cli
-from tests.integer_checkpoints import awq_tensors, gptq_tensors, write_packed_checkpoint
+from tests.prequantized_checkpoints import awq_tensors, gptq_tensors, write_packed_checkpoint
 
 MODULE = "model.layers.0.self_attn.q_proj"
 GPTQ_CONFIG = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": False,

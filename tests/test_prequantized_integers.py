@@ -1,6 +1,6 @@
 """Pre-quantized integer releases (issue 19): GPTQ (2, 3, 4, 8 bits, act order, both zero-point
 formats), AWQ (GEMM) and compressed-tensors (pack-quantized int4/int8 by group and channel,
-symmetric and not; int-quantized, naive-quantized) made from a small Qwen3 (tests/integer_checkpoints.py),
+symmetric and not; int-quantized, naive-quantized) made from a small Qwen3 (tests/prequantized_checkpoints.py),
 converted by ggufsmith and run by llama.cpp.
 
 References: the weights the packers' integer codes stand for (GPTQ, AWQ), or that the
@@ -19,21 +19,15 @@ import pytest
 import ggufsmith
 from ggufsmith.errors import ConversionError
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, llamacpp_logits, prompt_ids, relative_error
-from tests.integer_checkpoints import (GROUP, awq_tensors, compressed_tensors_checkpoint, gptq_tensors,
-                                      write_packed_checkpoint)
+from tests.family_models import llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import EXPLICIT_SPECIAL_IDS, assert_same_file
-from tests.tokenizer_helpers import train_bpe
+from tests.prequantized_checkpoints import (FIELDS, GROUP, MODEL_CLASS, awq_tensors, compressed_tensors_checkpoint,
+                                            gptq_tensors, small_float_model, write_packed_checkpoint)
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("llama_cpp")
 pytest.importorskip("compressed_tensors")
-
-MODEL_CLASS = "Qwen3ForCausalLM"
-FIELDS = dict(vocab_size=608, hidden_size=256, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
-              bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
 def _gptq(bits: int, desc_act: bool, sym: bool, checkpoint_format: str):
@@ -68,9 +62,7 @@ LLAMACPP_READS = ["gptq-4bit-act-order", "gptq-8bit-sym-v2", "gptq-2bit", "pack-
 def checkpoints(tmp_path_factory):
     """variant -> (folder, the dequantized state dict)."""
     root = tmp_path_factory.mktemp("integer-quantized")
-    original = root / "float"
-    train_bpe(original, "qwen2", vocab_size=600)
-    build_model("Qwen3Config", MODEL_CLASS, original, **FIELDS)
+    original = small_float_model(root / "float")
     out = {}
     for name, variant in VARIANTS.items():
         folder = root / name

@@ -61,7 +61,7 @@ def _compressed_tensors(tensors: dict[str, LazyTensor], quantization: HFConfig) 
     if len(groups) != 1:
         raise ConversionError(f"{quantization.label}: {len(groups)} config_groups; one group of weights is supported")
     weights = quantization.sub("config_groups").sub(next(iter(groups))).sub("weights")
-    integer = weights.get_str("type", default="int") == "int" and weights.get("strategy") != "block"
+    integer = weights.get_str("type", default="int") == "int" and weights.get("strategy", default=None) != "block"
     if fmt == "pack-quantized" or (integer and fmt in ("int-quantized", "naive-quantized")):
         return dequantize_integer_tensors(tensors, weights, packed=fmt == "pack-quantized")
     if fmt in ("float-quantized", "int-quantized", "naive-quantized"):
@@ -72,8 +72,8 @@ def _compressed_tensors(tensors: dict[str, LazyTensor], quantization: HFConfig) 
 
 def _block_of(weights: HFConfig) -> list[int] | None:
     """The block of values one scale covers: None for a scale per channel (row) or per tensor."""
-    strategy = weights.get("strategy")
-    if strategy not in ("channel", "tensor", "block") or weights.get("group_size") is not None:
+    strategy = weights.get("strategy", default=None)
+    if strategy not in ("channel", "tensor", "block") or weights.get("group_size", default=None) is not None:
         raise ConversionError(f"{weights.label}: weight strategy {strategy!r} of float values is not supported "
                               "(channel, tensor, block)")
     return _checked_block(weights, "block_structure") if strategy == "block" else None

@@ -1,5 +1,6 @@
-"""Pre-quantized integer checkpoints made in the tests from a small model: GPTQ and AWQ as their
-libraries pack them, compressed-tensors by the compressed-tensors library itself.
+"""Pre-quantized checkpoints made in the tests: the small float Qwen3 they start from, and its
+integer-quantized copies, GPTQ and AWQ as their libraries pack them, compressed-tensors by the
+compressed-tensors library itself.
 
 GPTQModel and AutoAWQ cannot be installed here (GPTQModel needs a newer torch than the one the
 tests run on, AutoAWQ needs triton and its kernels), so their packing is written out below from
@@ -19,7 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
-GROUP = 32
+MODEL_CLASS = "Qwen3ForCausalLM"
+# 320-wide MLP: FP8's 128-blocks are cut at the edge (2.5 blocks), as in real checkpoints' odd sizes
+FIELDS = dict(vocab_size=608, hidden_size=256, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
+              bos_token_id=0, eos_token_id=0, pad_token_id=0)
+GROUP = 32  # inputs per scale of the integer formats
+
+
+def small_float_model(folder: Path) -> Path:
+    """The float32 Qwen3 (FIELDS) with a trained BPE tokenizer that every pre-quantized copy starts from."""
+    from tests.family_models import build_model
+    from tests.tokenizer_helpers import train_bpe
+
+    train_bpe(folder, "qwen2", vocab_size=600)
+    return build_model("Qwen3Config", MODEL_CLASS, folder, **FIELDS)
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's order_map: nibble i of a word takes column order_map[i]
 
 
