@@ -179,8 +179,10 @@ def compressed_tensors_checkpoint(original: Path, folder: Path, model_class: str
                 if strategy == "group":
                     grouped = weight.reshape(weight.shape[0], -1, GROUP)
                     low, high = grouped.amin(-1), grouped.amax(-1)
-                else:
+                elif strategy == "channel":
                     low, high = weight.amin(1, keepdim=True), weight.amax(1, keepdim=True)
+                else:
+                    low, high = weight.amin().reshape(1), weight.amax().reshape(1)
                 scale, zero = calculate_qparams(low, high, args)
                 module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
                 if hasattr(module, "weight_zero_point"):

@@ -1,6 +1,6 @@
 """Pre-quantized integer releases (issue 19): GPTQ (2, 3, 4, 8 bits, act order, both zero-point
-formats), AWQ (GEMM) and compressed-tensors (pack-quantized int4/int8 by group and channel,
-symmetric and not; int-quantized, naive-quantized) made from a small Qwen3 (tests/prequantized_checkpoints.py),
+formats), AWQ (GEMM) and compressed-tensors (pack-quantized int4/int8 by group, channel
+or tensor, symmetric and not; int-quantized, naive-quantized) made from a small Qwen3 (tests/prequantized_checkpoints.py),
 converted by ggufsmith and run by llama.cpp.
 
 References: the weights the packers' integer codes stand for (GPTQ, AWQ), or that the
@@ -50,6 +50,7 @@ VARIANTS = {
     "pack-int4-group-asym": ("compressed-tensors", "pack-quantized", 4, "group", False),
     "pack-int8-channel-sym": ("compressed-tensors", "pack-quantized", 8, "channel", True),
     "pack-int4-channel-asym": ("compressed-tensors", "pack-quantized", 4, "channel", False),
+    "pack-int4-tensor-sym": ("compressed-tensors", "pack-quantized", 4, "tensor", True),
     "int8-channel-sym": ("compressed-tensors", "int-quantized", 8, "channel", True),
     "naive-int8-group-asym": ("compressed-tensors", "naive-quantized", 8, "group", False),
 }
