@@ -48,6 +48,12 @@ def edit_config(folder: Path, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def _drop_quantization_config(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    del config["quantization_config"]
+    (folder / "config.json").write_text(json.dumps(config))
+
+
 def _set(tensors: dict[str, np.ndarray], name: str, value: np.ndarray) -> None:
     tensors[name] = value
 
@@ -67,6 +73,7 @@ DAMAGES: dict[str, tuple[str, Callable[[Path], None], str]] = {
         d, lambda t: _set(t, f"{MODULE}.g_idx", t[f"{MODULE}.g_idx"] + 7)), f"{MODULE}.g_idx"),
     "gptq_qweight_stored_as_float": ("gptq", lambda d: edit_tensors(
         d, lambda t: _set(t, f"{MODULE}.qweight", t[f"{MODULE}.qweight"].astype(np.float32))), f"{MODULE}.qweight"),
+    "gptq_without_quantization_config": ("gptq", lambda d: _drop_quantization_config(d), ".qweight holds packed"),
     "awq_missing_zeros": ("awq", lambda d: edit_tensors(d, lambda t: t.pop(f"{MODULE}.qzeros")), f"{MODULE}.qzeros"),
     "awq_gemv_layout": ("awq", lambda d: edit_config(d, version="gemv"), "version"),
     "awq_zeros_of_another_shape": ("awq", lambda d: edit_tensors(

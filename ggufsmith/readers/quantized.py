@@ -97,12 +97,20 @@ HANDLERS: dict[str, Callable[[dict[str, LazyTensor], HFConfig], dict[str, LazyTe
 }
 
 
+PACKED_SUFFIXES = (".qweight", ".weight_packed")  # GPTQ / AWQ, compressed-tensors
+
+
 def _refuse_unscaled(tensors: dict[str, LazyTensor], config: HFConfig) -> None:
+    """Quantized tensors that no handler took (no quantization_config, or one of another method)."""
     for name, tensor in tensors.items():
+        file = config.path.parent / tensor.source.split(":", 1)[0]
         if tensor.dtype in FLOAT8:
-            file = config.path.parent / tensor.source.split(":", 1)[0]
             raise ConversionError(f"{file}: tensor {name} is {tensor.dtype} without a scale (no {name}_scale_inv or "
                                   f"{name}_scale that config.json's quantization_config names); its values are unknown")
+        if name.endswith(PACKED_SUFFIXES):
+            raise ConversionError(f"{file}: tensor {name} holds packed integer codes, but config.json's "
+                                  "quantization_config does not say how (quant_method gptq, awq, or compressed-tensors "
+                                  "pack-quantized); its values are unknown")
 
 
 def join_mxfp4(tensors: Mapping[str, LazyTensor], config_path: str) -> dict[str, LazyTensor]:
