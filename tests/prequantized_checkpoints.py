@@ -14,11 +14,12 @@ compare its files with ours, which cross-checks these packers against an unpacki
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import numpy as np
+
+from tests.damaged_inputs import edit_json
 
 MODEL_CLASS = "Qwen3ForCausalLM"
 # 320-wide MLP: FP8's 128-blocks are cut at the edge (2.5 blocks), as in real checkpoints' odd sizes
@@ -30,11 +31,9 @@ GROUP = 32  # inputs per scale of the integer formats
 
 def small_float_model(folder: Path) -> Path:
     """The float32 Qwen3 (FIELDS) with a trained BPE tokenizer that every pre-quantized copy starts from."""
-    from tests.family_models import build_model
-    from tests.tokenizer_helpers import train_bpe
+    from tests.family_models import build_bpe_models
 
-    train_bpe(folder, "qwen2", vocab_size=600)
-    return build_model("Qwen3Config", MODEL_CLASS, folder, **FIELDS)
+    return build_bpe_models(folder.parent, {folder.name: ("Qwen3Config", MODEL_CLASS, FIELDS)}, vocab_size=600)[folder.name]
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's order_map: nibble i of a word takes column order_map[i]
 
 
@@ -143,14 +142,8 @@ def write_packed_checkpoint(original: Path, folder: Path, quantization_config: d
         else:
             stored[name] = dequantized[name] = tensor
     save_file(stored, folder / "model.safetensors", metadata={"format": "pt"})
-    _set_quantization_config(folder, quantization_config)
+    edit_json(folder / "config.json", quantization_config=quantization_config)
     return dequantized
-
-
-def _set_quantization_config(folder: Path, quantization_config: dict) -> None:
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = quantization_config
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def compressed_tensors_checkpoint(original: Path, folder: Path, model_class: str, fmt: str, bits: int,

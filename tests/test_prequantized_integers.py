@@ -10,7 +10,6 @@ weights for the logits; llama.cpp's convert_hf_to_gguf.py on the same folder for
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 import ggufsmith
 from ggufsmith.errors import ConversionError
+from tests.damaged_inputs import edit_json
 from tests.decoder_reference import reference_convert
 from tests.family_models import llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import EXPLICIT_SPECIAL_IDS, assert_same_file
@@ -130,9 +130,7 @@ def test_same_file_as_convert_hf_to_gguf(checkpoints, tmp_path, variant):
 
 def _with_config(src, dst, **changes):
     shutil.copytree(src, dst)
-    config = json.loads((dst / "config.json").read_text())
-    config["quantization_config"] |= changes
-    (dst / "config.json").write_text(json.dumps(config))
+    edit_json(dst / "config.json", lambda config: config | {"quantization_config": config["quantization_config"] | changes})
     return dst
 
 
