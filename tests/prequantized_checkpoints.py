@@ -33,7 +33,10 @@ def small_float_model(folder: Path) -> Path:
     """The float32 Qwen3 (FIELDS) with a trained BPE tokenizer that every pre-quantized copy starts from."""
     from tests.family_models import build_bpe_models
 
-    return build_bpe_models(folder.parent, {folder.name: ("Qwen3Config", MODEL_CLASS, FIELDS)}, vocab_size=600)[folder.name]
+    spec = {folder.name: ("Qwen3Config", MODEL_CLASS, FIELDS)}
+    return build_bpe_models(folder.parent, spec, vocab_size=600)[folder.name]
+
+
 AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's order_map: nibble i of a word takes column order_map[i]
 
 
@@ -100,8 +103,9 @@ def gptq_tensors(weight: np.ndarray, bits: int, desc_act: bool, sym: bool, check
     g_idx = np.empty(inputs, np.int32)
     g_idx[order] = np.arange(inputs) // GROUP
     # the first format stores zero - 1, so a zero of 0 cannot be stored: min-max gives zeros >= 1 then
-    codes, zeros, scales, dequantized = quantize_groups(weight, bits, g_idx, sym, 1 if checkpoint_format == "gptq" else 0)
-    stored_zeros = zeros - (1 if checkpoint_format == "gptq" else 0)
+    stored_minus = 1 if checkpoint_format == "gptq" else 0
+    codes, zeros, scales, dequantized = quantize_groups(weight, bits, g_idx, sym, min_zero=stored_minus)
+    stored_zeros = zeros - stored_minus
     tensors = {"qweight": gptq_pack_rows(codes, bits), "qzeros": gptq_pack_rows(stored_zeros.T, bits).T.copy(),
                "scales": scales, "g_idx": g_idx}
     return tensors, dequantized

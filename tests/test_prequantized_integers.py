@@ -1,7 +1,7 @@
 """Pre-quantized integer releases (issue 19): GPTQ (2, 3, 4, 8 bits, act order, both zero-point
 formats), AWQ (GEMM) and compressed-tensors (pack-quantized int4/int8 by group, channel
-or tensor, symmetric and not; int-quantized, naive-quantized) made from a small Qwen3 (tests/prequantized_checkpoints.py),
-converted by ggufsmith and run by llama.cpp.
+or tensor, symmetric and not; int-quantized, naive-quantized) made from a small Qwen3
+(tests/prequantized_checkpoints.py), converted by ggufsmith and run by llama.cpp.
 
 References: the weights the packers' integer codes stand for (GPTQ, AWQ), or that the
 compressed-tensors library decompresses its own checkpoint to; transformers' forward with those
@@ -130,14 +130,16 @@ def test_same_file_as_convert_hf_to_gguf(checkpoints, tmp_path, variant):
 
 def _with_config(src, dst, **changes):
     shutil.copytree(src, dst)
-    edit_json(dst / "config.json", lambda config: config | {"quantization_config": config["quantization_config"] | changes})
+    edit_json(dst / "config.json",
+              lambda config: config | {"quantization_config": config["quantization_config"] | changes})
     return dst
 
 
 @pytest.mark.parametrize("variant, changes, message", [
     ("gptq-4bit-act-order", {"bits": 5}, "bits is 5; expected one of 2, 3, 4, 8"),
-    ("gptq-4bit-act-order", {"checkpoint_format": "marlin"}, "checkpoint_format 'marlin'"),
+    ("gptq-4bit-act-order", {"checkpoint_format": "marlin"}, "checkpoint_format/format 'marlin'"),
     ("gptq-4bit-act-order", {"is_marlin_format": True}, "checkpoint_format"),
+    ("gptq-4bit-act-order", {"format": "gptq_p"}, "format 'gptq_p'"),  # GPTQModel's planar packing
     ("gptq-4bit-act-order", {"bits": 8}, "expected [80, 256] (320 inputs of 8 bits)"),
     ("awq-4bit", {"version": "gemv"}, "AWQ version 'gemv'"),
     ("awq-4bit", {"bits": 8}, "bits is 8; expected 4"),

@@ -9,10 +9,11 @@ are packed into words, along which axis, and how a column finds its group g(c):
     outputs) packs the codes of each output column along the inputs; `X.qzeros` (groups, outputs
     x bits / 32) packs the zero points along the outputs; `X.scales` (groups, outputs);
     `X.g_idx` (inputs) gives each input's group (with desc_act the groups are not in input
-    order; without g_idx, input i is in group i // group_size). Words are an LSB-first bit
-    stream: code k of a column sits at bits [k x bits, (k + 1) x bits) of its words taken in
-    order, so 3-bit codes straddle words. 2, 3, 4 and 8 bits. The first format
-    (`checkpoint_format` "gptq") stores each zero point minus one, "gptq_v2" stores it as it is.
+    order; without g_idx, input i is in group i // group_size). Words (int32, or GPTQModel's
+    `pack_dtype`) are an LSB-first bit stream: code k of a column sits at bits [k x bits,
+    (k + 1) x bits) of its words taken in order, so 3-bit codes straddle words. 2, 3, 4 and 8
+    bits. The first format (`checkpoint_format`, GPTQModel's `format`: "gptq") stores each zero
+    point minus one, "gptq_v2" stores it as it is.
   - AWQ (`"quant_method": "awq"`, AutoAWQ's GEMM layout): `X.qweight` (inputs, outputs / 8)
     packs 8 output columns per int32, not in order: nibble i holds column 8j + [0, 2, 4, 6, 1,
     3, 5, 7][i]; `X.qzeros` (groups, outputs / 8) the same way; `X.scales` (groups, outputs);
@@ -111,10 +112,12 @@ def dequantize_gptq(tensors: dict[str, LazyTensor], quantization: HFConfig) -> d
     bits = quantization.get_int("bits", "w_bit")
     if bits not in GPTQ_BITS:
         raise quantization.error("bits", bits, f"one of {', '.join(map(str, GPTQ_BITS))} (GPTQ's packings)")
-    layout = quantization.get_str("checkpoint_format", default="gptq")
+    # GPTQModel writes the layout as "format", AutoGPTQ and transformers as "checkpoint_format"
+    layout = quantization.get_str("format", "checkpoint_format", default="gptq")
     if quantization.get_bool("is_marlin_format", default=False) or layout not in GPTQ_FORMATS:
-        raise ConversionError(f"{quantization.label}: GPTQ checkpoint_format {layout!r} (a kernel's repacking) is not "
-                              f"supported (supported: {', '.join(GPTQ_FORMATS)}); use a copy saved in the gptq format")
+        raise ConversionError(f"{quantization.label}: GPTQ checkpoint_format/format {layout!r} (a kernel's or "
+                              f"another packing) is not supported (supported: {', '.join(GPTQ_FORMATS)}); "
+                              "use a copy saved in the gptq format")
     group_size = quantization.get_int("group_size", default=-1, min=-1)
     return _replace_packed(tensors, ("qzeros", "scales", "g_idx"), lambda parts: _gptq_weight(
         parts, bits, group_size, GPTQ_FORMATS[layout]))
@@ -125,7 +128,7 @@ def dequantize_awq(tensors: dict[str, LazyTensor], quantization: HFConfig) -> di
     bits = quantization.get_int("bits", "w_bit")
     if bits != 4:
         raise quantization.error("bits", bits, "4 (AWQ's only packing)")
-    version = quantization.get_str("version", default="gemm")
+    version = quantization.get_str("version", "format", default="gemm")  # "format" in GPTQModel's AWQ configs
     if version.lower() != "gemm" or quantization.get_str("backend", default="autoawq") != "autoawq":
         raise ConversionError(f"{quantization.label}: AWQ version {version!r} (backend "
                               f"{quantization.get('backend', default='autoawq')!r}) is not supported; only AutoAWQ's "
@@ -232,7 +235,8 @@ def _columns(packed: LazyTensor, first: int, stop: int) -> np.ndarray:
 
 # -- compressed-tensors: one row of codes per output row ------------------------------------------
 
-def dequantize_integer_tensors(tensors: dict[str, LazyTensor], weights: HFConfig, packed: bool) -> dict[str, LazyTensor]:
+def dequantize_integer_tensors(tensors: dict[str, LazyTensor], weights: HFConfig,
+                               packed: bool) -> dict[str, LazyTensor]:
     """compressed-tensors' int formats: every `X.weight_packed` (pack-quantized) or int `X.weight`
     with its `X.weight_scale` (and `X.weight_zero_point`) as a float32 `X.weight`."""
     bits = weights.get_int("num_bits")
@@ -283,18 +287,20 @@ def _compressed_weight(stored: LazyTensor, parts: dict[str, LazyTensor], bits: i
         shape = stored.shape
     rows, columns = shape
     n_groups = 1 if group_size is None else -(-columns // group_size)
-    if scale.n_elements == 1:  # per tensor
-        scales = lambda start, stop: np.broadcast_to(scale.load().reshape(1, 1).astype(np.float32), (stop - start, 1))  # noqa: E731
-    else:
+    if scale.n_elements != 1:  # one per tensor, or one per group (or row) of each row
         _expect(scale, (rows, n_groups), f"one scale per {'row' if group_size is None else 'group of a row'} "
                                          f"of {stored.source}'s {list(shape)}", accept_vector=group_size is None)
-        scales = lambda start, stop: scale.load().reshape(rows, n_groups)[start:stop]  # noqa: E731
     offset = 1 << (bits - 1) if packed else 0  # packed codes are stored as unsigned: signed + 2^(bits-1)
 
     def codes(start: int, stop: int) -> np.ndarray:
         if not packed:
-            return stored.load_rows(start, stop) if isinstance(stored, RowSlicedTensor) else stored.load()[start:stop]
-        return unpack_bits(stored.load_rows(start, stop), bits, columns, axis=1).astype(np.int32) - offset
+            return _rows_of(stored, start, stop)
+        return unpack_bits(_rows_of(stored, start, stop), bits, columns, axis=1).astype(np.int32) - offset
+
+    def scales(start: int, stop: int) -> np.ndarray:
+        if scale.n_elements == 1:
+            return np.broadcast_to(scale.load().reshape(1, 1), (stop - start, 1))
+        return _rows_of(scale, start, stop).reshape(stop - start, n_groups)
 
     zeros = None
     if zero_point is not None:
@@ -306,6 +312,13 @@ def _compressed_weight(stored: LazyTensor, parts: dict[str, LazyTensor], bits: i
     return affine_weight((rows, columns), _source(stored, "weight_scale"), codes, scales, zeros, column_group)
 
 
+def _rows_of(tensor: LazyTensor, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) along the first axis of a 1-D or 2-D tensor, reading no more when it can."""
+    if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) == 2:
+        return tensor.load_rows(start, stop)
+    return tensor.load()[start:stop]
+
+
 def _zero_points(zero_point: LazyTensor, stored: LazyTensor, rows: int, n_groups: int, bits: int, packed: bool) -> Rows:
     if packed:  # packed along the rows, stored unsigned
         _expect(zero_point, (-(-rows * bits // 32), n_groups), f"{rows} x {n_groups} zero points of {bits} bits")
@@ -314,7 +327,7 @@ def _zero_points(zero_point: LazyTensor, stored: LazyTensor, rows: int, n_groups
     if zero_point.n_elements == 1:
         return lambda start, stop: np.broadcast_to(zero_point.load().reshape(1, 1), (stop - start, 1))
     _expect(zero_point, (rows, n_groups), f"one zero point per scale of {stored.source}", accept_vector=n_groups == 1)
-    return lambda start, stop: zero_point.load().reshape(rows, n_groups)[start:stop]
+    return lambda start, stop: _rows_of(zero_point, start, stop).reshape(stop - start, n_groups)
 
 
 def _weight_shape(shape_tensor: LazyTensor) -> tuple[int, int]:
