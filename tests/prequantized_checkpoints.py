@@ -151,10 +151,13 @@ def write_packed_checkpoint(original: Path, folder: Path, quantization_config: d
 
 
 def compressed_tensors_checkpoint(original: Path, folder: Path, model_class: str, fmt: str, bits: int,
-                                  strategy: str, symmetric: bool) -> dict[str, np.ndarray]:
+                                  strategy: str, symmetric: bool,
+                                  static_activations: bool = False) -> dict[str, np.ndarray]:
     """The float model at `original` quantized by the compressed-tensors library (min-max scales and
     zero points from its calculate_qparams, every Linear but lm_head), compressed in format `fmt`
-    and saved; returns the state dict the library decompresses it back to."""
+    and saved; returns the state dict the library decompresses it back to. With
+    `static_activations`, the scheme is W8A8 with static asymmetric int8 activations: the
+    checkpoint then also holds each Linear's input_scale and input_zero_point."""
     import torch
     import transformers
     from compressed_tensors.compressors import ModelCompressor
@@ -167,7 +170,9 @@ def compressed_tensors_checkpoint(original: Path, folder: Path, model_class: str
     model = getattr(transformers, model_class).from_pretrained(original, dtype=torch.float32).eval()
     args = QuantizationArgs(num_bits=bits, type="int", strategy=strategy, symmetric=symmetric,
                             group_size=GROUP if strategy == "group" else None)
-    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    activations = QuantizationArgs(num_bits=8, type="int", strategy="tensor", symmetric=False, dynamic=False)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args,
+                                input_activations=activations if static_activations else None)
     apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
     with torch.no_grad():
         for module in model.modules():

@@ -53,6 +53,7 @@ VARIANTS = {
     "pack-int4-tensor-sym": ("compressed-tensors", "pack-quantized", 4, "tensor", True),
     "int8-channel-sym": ("compressed-tensors", "int-quantized", 8, "channel", True),
     "naive-int8-group-asym": ("compressed-tensors", "naive-quantized", 8, "group", False),
+    "int8-w8a8-static": ("compressed-tensors", "int-quantized", 8, "channel", True, True),  # + input_scale/zero_point
 }
 # llama.cpp's converter reads these the same way (it has no AWQ nor 3-bit GPTQ; pack-quantized by
 # group only; int-quantized without zero points)

@@ -30,8 +30,9 @@ from ggufsmith.errors import ConversionError
 from ggufsmith.readers.lazy_tensor import LazyTensor, RowSlicedTensor
 
 FLOAT8 = ("F8_E4M3", "F8_E5M2")
-# Tensors beside the weights that only FP8 matmul kernels use.
-ACTIVATION_SCALES = (".activation_scale", "_activation_scale", ".input_scale", ".qscale_act")
+# Tensors beside the weights that only quantized-activation matmul kernels use (FP8, W8A8).
+ACTIVATION_SCALES = (".activation_scale", "_activation_scale", ".input_scale", ".qscale_act", ".input_zero_point",
+                     ".output_scale", ".output_zero_point")
 
 
 def dequantize_float_scaled(tensors: dict[str, LazyTensor], suffix: str,
