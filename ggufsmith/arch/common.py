@@ -58,6 +58,16 @@ def reject(config: HFConfig, condition: bool, what: str) -> None:
         raise ConversionError(f"{config.path}: {what}, which llama.cpp cannot run for this architecture")
 
 
+def layer_types(config: HFConfig, default: list[str]) -> list[str]:
+    """config.json layer_types ("sliding_attention" / "full_attention" per layer; `default` when
+    absent), checked against num_hidden_layers."""
+    types = config.get_list("layer_types", default=default)
+    n_layer = config.get_int("num_hidden_layers", min=1)
+    if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+    return types
+
+
 def weights_and_biases(table: dict[str, T | str], hf_prefix: str = "", gguf_prefix: str = "",
                        biases: str = "required") -> dict[str, T | str]:
     """{"ln_1": T("attn_norm", "n_embd")} -> {"<hf_prefix>ln_1.weight": T("<gguf_prefix>attn_norm.weight",
