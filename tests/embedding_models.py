@@ -73,7 +73,7 @@ def build_embeddinggemma(model_dir: Path, seed: int = 0, dense: bool = True) -> 
     import torch
     import transformers
 
-    train_sentencepiece(model_dir)
+    train_sentencepiece(model_dir, add_dummy_prefix=False)  # as Gemma 3's tokenizer.model
     write_tokenizer_config(model_dir, tokenizer_class="GemmaTokenizer", add_eos_token=True)
     config = transformers.Gemma3TextConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_attention_heads=HEADS,

@@ -104,13 +104,15 @@ TOKEN_EMBD = T("token_embd.weight", "n_vocab", "n_embd")
 OUTPUT = T("output.weight", "n_vocab", "n_embd", optional=True)  # llama.cpp falls back to token_embd
 
 
-def sentence_transformers_folder(config: HFConfig, arch: str) -> SentenceTransformersFolder | None:
+def sentence_transformers_folder(config: HFConfig, arch: str,
+                                 supported: tuple[str, ...] = ()) -> SentenceTransformersFolder | None:
     """The sentence-transformers modules beside config.json (None when there are none), refused when
     a module after pooling (a Dense projection, ...) would be left out: llama.cpp's `arch` graph has
-    no such step, so its embeddings would not be the model's."""
+    no such step, so its embeddings would not be the model's. `supported`: the module types the
+    plugin converts itself (gemma-embedding's Dense)."""
     folder = read_sentence_transformers(config.path.parent)
-    if folder and folder.unsupported_modules():
-        raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules())} module(s) "
+    if folder and folder.unsupported_modules(supported):
+        raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules(supported))} module(s) "
                               f"after pooling would be left out, and llama.cpp's {arch} has no such step: "
                               "its embeddings would not be the model's")
     return folder
