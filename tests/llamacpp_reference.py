@@ -149,26 +149,32 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
 
 for outtype in outtypes:
+    # EmbeddingGemma keeps its Dense modules' paths in a class-level list that every run appends to:
+    # a fresh one per run, as a process of its own would have.
+    import conversion.gemma
+    conversion.gemma.EmbeddingGemma.module_paths = []
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype]
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype,
+                *os.environ.get("GGUFSMITH_REFERENCE_ARGS", "").split()]
     convert_hf_to_gguf.main()
 """
 
-_conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
+_conversions: dict[tuple[Path, tuple[str, ...], tuple[str, ...]], dict[str, Path]] = {}
 
 
 def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
-                          pre: str | None = None) -> dict[str, Path]:
+                          pre: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
     Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
-    by hashing the tokens of a test text, which knows only published vocabularies)."""
-    key = (Path(model_dir).resolve(), tuple(outtypes))
+    by hashing the tokens of a test text, which knows only published vocabularies). `args`: more
+    options of the script (e.g. --sentence-transformers-dense-modules)."""
+    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(args))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
-        env = {"GGUFSMITH_FORCE_PRE": pre or ""}
+        env = {"GGUFSMITH_FORCE_PRE": pre or "", "GGUFSMITH_REFERENCE_ARGS": " ".join(args)}
         _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
              model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}

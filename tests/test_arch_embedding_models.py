@@ -21,7 +21,7 @@ import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import SENTENCES, llama_embeddings
 from tests.embedding_models import build_embeddinggemma, build_modernbert
-from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
+from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
@@ -164,3 +164,52 @@ def test_llama_cpp_tokenizes_as_transformers(converted, reference, arch):
             assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("arch", BUILDERS)
+def test_pooling_and_dense_keys(converted, arch):
+    keys, tensors = gguf_contents(converted(arch, "f32"))
+    assert keys[f"{arch}.pooling_type"] == int(PoolingType.MEAN)
+    if arch == "gemma-embedding":
+        assert [keys[f"{arch}.dense_{i}_feat_{side}"] for i in (2, 3) for side in ("in", "out")] == [64, 128, 128, 64]
+        assert tensors["dense_2.weight"][0] == (64, 128) and tensors["dense_3.weight"][0] == (128, 64)
+
+
+# -- against llama.cpp's own converter ------------------------------------------------------------
+
+# Keys only ours have (or with other values), and why; every other key, value and tensor byte is the same.
+BERT_TOKENIZER_KEYS = {
+    "tokenizer.ggml.cls_token_id": "the spec's key, written when the tokenizer names a CLS token",
+    "tokenizer.ggml.fim_pad_token_id": "written explicitly; llama.cpp finds the same id by the text [PAD] at load time",
+}
+KEY_DIFFERENCES = {
+    "modern-bert": {
+        **BERT_TOKENIZER_KEYS,
+        "modern-bert.attention.layer_norm_epsilon": "the key llama.cpp's modern-bert requires; the reference writes "
+                                                    "norm_eps as layer_norm_rms_epsilon, and llama.cpp refuses its file "
+                                                    "(key not found: modern-bert.attention.layer_norm_epsilon)",
+        "modern-bert.attention.layer_norm_rms_epsilon": "see layer_norm_epsilon",
+        "modern-bert.classifier.pooling_type": "the pooling of a classification head (classifier_pooling); the "
+                                               "reference writes it for ModernBertModel too, which has no head",
+        "tokenizer.ggml.add_sep_token": "ours not written (false): ModernBERT's pair template is [CLS] A [SEP] B [SEP], "
+                                        "one separator; the reference's true makes llama-server's reranking put two",
+    },
+    "gemma-embedding": {
+        **TOKENIZER_KEY_DIFFERENCES,
+        "gemma-embedding.attention.sliding_window_pattern": "written when layer_types is not llama.cpp's default "
+                                                            "(every sixth layer global); the reference never writes "
+                                                            "it, and its file runs layers 1 and 3 of this model "
+                                                            "with the window",
+    },
+}
+# The reference's options: it writes EmbeddingGemma's Dense modules only when asked.
+REFERENCE_ARGS = {"modern-bert": (), "gemma-embedding": ("--sentence-transformers-dense-modules",)}
+REFERENCE_PRE = {"modern-bert": "gpt-2", "gemma-embedding": None}
+
+
+@pytest.mark.parametrize("arch", BUILDERS)
+def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory, arch):
+    references = reference_conversions(model_dirs[arch], tmp_path_factory.mktemp(f"ref_{arch}"), OUTTYPES,
+                                       pre=REFERENCE_PRE[arch], args=REFERENCE_ARGS[arch])
+    for outtype in OUTTYPES:
+        assert_same_file(converted(arch, outtype), references[outtype], KEY_DIFFERENCES[arch])
