@@ -10,10 +10,13 @@ what a user would see. Every catalogue entry (tests/test_damaged_*.py) asserts t
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_MODEL = REPO / "examples" / "tiny-llama"
@@ -59,3 +62,11 @@ def assert_clean_failure(proc: subprocess.CompletedProcess, culprit: str, target
             assert target.read_bytes() == previous, f"{target} was changed"
         assert leftovers(target.parent) == [], f"temporary files left: {leftovers(target.parent)}"
     return line
+
+
+def edit_json(relative: str, edit: Callable[[Any], Any]) -> Callable[[Path], None]:
+    """A damage: the JSON file at model_dir/relative replaced by edit(its content)."""
+    def damage(model_dir: Path) -> None:
+        path = model_dir / relative
+        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return damage
