@@ -1,6 +1,6 @@
 """Tiny ModernBERT and EmbeddingGemma models in sentence-transformers folders, built with transformers.
 
-ModernBERT: a random ModernBertModel (4 blocks, hidden 64, a sliding window of 8 tokens on the
+ModernBERT: a random ModernBertModel or ModernBertForMaskedLM (4 blocks, hidden 64, a sliding window of 8 tokens on the
 blocks between the global ones, different rope bases for global and local blocks) with a byte-level
 BPE trained here whose post-processor gives `[CLS] text [SEP]`, as ModernBERT's tokenizer does.
 EmbeddingGemma: a random Gemma3TextModel with use_bidirectional_attention (4 blocks, GQA, a window of
@@ -47,7 +47,9 @@ def train_modernbert_bpe(model_dir: Path, vocab_size: int = 700):
     return fast
 
 
-def build_modernbert(model_dir: Path, seed: int = 0) -> Path:
+def build_modernbert(model_dir: Path, seed: int = 0, masked_lm: bool = False) -> Path:
+    """A random ModernBertModel (with masked_lm, a ModernBertForMaskedLM: the encoder under "model.",
+    a prediction head beside it) in a sentence-transformers folder with mean pooling."""
     import torch
     import transformers
 
@@ -62,7 +64,7 @@ def build_modernbert(model_dir: Path, seed: int = 0) -> Path:
         bos_token_id=ids["cls"], cls_token_id=ids["cls"], eos_token_id=ids["sep"], sep_token_id=ids["sep"],
         pad_token_id=ids["pad"])
     torch.manual_seed(seed)
-    model = transformers.ModernBertModel(config)
+    model = (transformers.ModernBertForMaskedLM if masked_lm else transformers.ModernBertModel)(config)
     randomize(model)
     model.save_pretrained(model_dir)
     write_sentence_transformers_modules(model_dir, "mean", HIDDEN)

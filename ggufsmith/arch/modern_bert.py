@@ -1,5 +1,6 @@
-"""ModernBERT encoders (`ModernBertModel`: answerdotai/ModernBERT, nomic-ai/modernbert-embed ...) for
-llama.cpp's embedding tools.
+"""ModernBERT encoders (`ModernBertModel`, and the encoder of `ModernBertForMaskedLM`, as
+answerdotai/ModernBERT-base/-large are published; nomic-ai/modernbert-embed ...) for llama.cpp's
+embedding tools.
 
 llama.cpp's modern-bert graph: token embeddings and a LayerNorm, then pre-norm blocks (no attention
 norm in block 0, as in transformers, where it is an identity), a fused Wqkv laid out [all q, all k,
@@ -7,7 +8,9 @@ all v] as llama.cpp splits it, NeoX rope (HF's rotate_half), bidirectional atten
 in every third block and a symmetric sliding window elsewhere, a GLU MLP whose fused Wi holds the
 activated half first (llama.cpp's GeGLU, or SwiGLU for a SiLU model), and a final norm. No biases
 anywhere: LayerNorms without bias (norm_bias false) and bias-free projections; a config with biases
-is refused, llama.cpp would load none. Every tensor is stored as HF stores it.
+is refused, llama.cpp would load none. Every tensor is stored as HF stores it. ModernBertForMaskedLM's
+prediction head (`head.*`, `decoder.*`) is left out: it is not part of the embeddings (llama.cpp's
+converter writes it as the `cls` tensors of a reranker, which it is not).
 """
 
 from __future__ import annotations
@@ -38,10 +41,12 @@ _NAMES = {
 
 class ModernBert(Architecture):
     name = "modern-bert"
-    hf_classes = ("ModernBertModel",)
+    hf_classes = ("ModernBertModel", "ModernBertForMaskedLM")
     model_types = ("modernbert",)
     tokenizer_kind = "gpt2"  # a byte-level BPE with a [CLS] $A [SEP] post-processor
-    tensor_names = _NAMES
+    # ModernBertForMaskedLM keeps the encoder under "model."
+    tensor_names = {prefix + hf: spec for prefix in ("", "model.") for hf, spec in _NAMES.items()}
+    ignored_tensors = (r"head\.(dense|norm)\.(weight|bias)", r"decoder\.(weight|bias)")  # the MLM head
     # ModernBertConfig's defaults, for config.json files that leave them out.
     config_defaults = {"hidden_activation": "gelu", "norm_eps": 1e-5, "local_attention": 128,
                        "global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0}
