@@ -1,16 +1,11 @@
-"""ModernBERT encoders (`ModernBertModel`, and the encoder of `ModernBertForMaskedLM`, as
-answerdotai/ModernBERT-base/-large are published; nomic-ai/modernbert-embed ...) for llama.cpp's
-embedding tools.
+"""ModernBERT encoders (`ModernBertModel`; the encoder of `ModernBertForMaskedLM`, as ModernBERT-base/
+-large are published, its prediction head `head.*`/`decoder.*` left out) for llama.cpp's embeddings.
 
-llama.cpp's modern-bert graph: token embeddings and a LayerNorm, then pre-norm blocks (no attention
-norm in block 0, as in transformers, where it is an identity), a fused Wqkv laid out [all q, all k,
-all v] as llama.cpp splits it, NeoX rope (HF's rotate_half), bidirectional attention that is global
-in every third block and a symmetric sliding window elsewhere, a GLU MLP whose fused Wi holds the
-activated half first (llama.cpp's GeGLU, or SwiGLU for a SiLU model), and a final norm. No biases
-anywhere: LayerNorms without bias (norm_bias false) and bias-free projections; a config with biases
-is refused, llama.cpp would load none. Every tensor is stored as HF stores it. ModernBertForMaskedLM's
-prediction head (`head.*`, `decoder.*`) is left out: it is not part of the embeddings (llama.cpp's
-converter writes it as the `cls` tensors of a reranker, which it is not).
+llama.cpp's modern-bert graph runs the tensors as stored: the fused Wqkv as [all q, all k, all v],
+NeoX rope (HF's rotate_half), the fused Wi as a GLU with the activated half first, no attention
+norm in block 0 (an identity in transformers). Attention is bidirectional, global in the blocks of
+layer_types' full_attention and a symmetric window elsewhere, each with its rope base. llama.cpp
+loads no biases: a config with any is refused.
 """
 
 from __future__ import annotations
