@@ -13,7 +13,7 @@ from tests.bert_models import (
     build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
     write_vocab_txt_only,
 )
-from tests.damaged_inputs import assert_clean_failure, edit_json, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_json
 
 pytest.importorskip("transformers")
 
@@ -35,16 +35,20 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     return {"json": root / "json", "vocab-txt": root / "vocab-txt", "roberta": root / "roberta", "xlmr": root / "xlmr"}
 
 
+def _edit_json(relative: str, edit) -> callable:
+    return lambda model_dir: edit_json(model_dir / relative, edit)
+
+
 def _config(**changes):
-    return edit_json("config.json", lambda c: c | changes)
+    return _edit_json("config.json", lambda c: c | changes)
 
 
 def _pooling(**changes):
-    return edit_json("1_Pooling/config.json", lambda c: c | changes)
+    return _edit_json("1_Pooling/config.json", lambda c: c | changes)
 
 
 def _add_module(kind: str, path: str):
-    return edit_json("modules.json", lambda m: m + [{"idx": len(m), "name": str(len(m)), "path": path,
+    return _edit_json("modules.json", lambda m: m + [{"idx": len(m), "name": str(len(m)), "path": path,
                                                         "type": f"sentence_transformers.models.{kind}"}])
 
 
@@ -61,25 +65,25 @@ CASES = {
     "unknown-pooling-mode-name": ("json", _pooling(pooling_mode_mean_tokens=False, pooling_mode="weightedmean"),
                                   "pooling_mode"),
     "pooling-config-missing": ("json", lambda d: shutil.rmtree(d / "1_Pooling"), "1_Pooling"),
-    "pooling-path-outside-folder": ("json", edit_json("modules.json", lambda m: [
+    "pooling-path-outside-folder": ("json", _edit_json("modules.json", lambda m: [
         {**e, "path": "../elsewhere"} if e["type"].endswith("Pooling") else e for e in m]), "outside the model folder"),
-    "modules-not-a-list": ("json", edit_json("modules.json", lambda m: {"modules": m}), "modules.json"),
+    "modules-not-a-list": ("json", _edit_json("modules.json", lambda m: {"modules": m}), "modules.json"),
     "dense-after-pooling": ("json", _add_module("Dense", "3_Dense"), "Dense"),
-    "other-continuation-prefix": ("json", edit_json("tokenizer.json", lambda t: t | {
+    "other-continuation-prefix": ("json", _edit_json("tokenizer.json", lambda t: t | {
         "model": t["model"] | {"continuing_subword_prefix": "@@"}}), "continuing_subword_prefix"),
     "roberta-positions-start-past-the-table": ("roberta", _config(pad_token_id=120), "pad_token_id = 120"),
     "vocab-txt-not-utf8": ("vocab-txt", lambda d: (d / "vocab.txt").write_bytes(b"[PAD]\n\xff\xfe\n"), "vocab.txt"),
     "vocab-txt-larger-than-model": ("vocab-txt", lambda d: (d / "vocab.txt").write_text(
         "".join(f"w{i}\n" for i in range(5000))), "vocab_size"),
     # XLM-RoBERTa's Unigram tokenizer.json
-    "unigram-entry-not-piece-and-score": ("xlmr", edit_json("tokenizer.json", lambda t: t | {
+    "unigram-entry-not-piece-and-score": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
         "model": t["model"] | {"vocab": [["<s>", 0.0], "oops", *t["model"]["vocab"][2:]]}}), "model.vocab[1]"),
-    "unigram-charsmap-not-base64": ("xlmr", edit_json("tokenizer.json", lambda t: t | {
+    "unigram-charsmap-not-base64": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
         "normalizer": {"type": "Precompiled", "precompiled_charsmap": "not base64!"}}), "precompiled_charsmap"),
-    "unigram-charsmap-truncated": ("xlmr", edit_json("tokenizer.json", lambda t: t | {
+    "unigram-charsmap-truncated": ("xlmr", _edit_json("tokenizer.json", lambda t: t | {
         "normalizer": {"type": "Precompiled", "precompiled_charsmap": "/////wAAAAA="}}), "precompiled charsmap"),
-    "unigram-whitespace-pre-tokenizer": ("xlmr", lambda d: (edit_json("tokenizer.json", lambda t: t | {
-        "pre_tokenizer": {"type": "Whitespace"}})(d), edit_json("tokenizer_config.json", lambda c: c | {
+    "unigram-whitespace-pre-tokenizer": ("xlmr", lambda d: (_edit_json("tokenizer.json", lambda t: t | {
+        "pre_tokenizer": {"type": "Whitespace"}})(d), _edit_json("tokenizer_config.json", lambda c: c | {
             "tokenizer_class": "PreTrainedTokenizerFast"})(d)), "pre-tokenizer Whitespace"),
 }
 
@@ -87,8 +91,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

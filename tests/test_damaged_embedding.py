@@ -4,13 +4,11 @@ tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, edit_json, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config, edit_json
 from tests.embedding_models import build_embeddinggemma, build_modernbert, write_dense
 
 torch = pytest.importorskip("torch")
@@ -24,15 +22,15 @@ def originals(tmp_path_factory) -> dict[str, Path]:
 
 
 def _config(**changes):
-    return edit_json("config.json", lambda c: c | changes)
+    return lambda model_dir: edit_config(model_dir, **changes)
 
 
 def _dense_config(folder: str, **changes):
-    return edit_json(f"{folder}/config.json", lambda c: c | changes)
+    return lambda model_dir: edit_json(model_dir / folder / "config.json", **changes)
 
 
 def _drop_module(path: str):
-    return edit_json("modules.json", lambda m: [e for e in m if e["path"] != path])
+    return lambda model_dir: edit_json(model_dir / "modules.json", lambda m: [e for e in m if e["path"] != path])
 
 
 # (folder, damage, culprit named in the error)
@@ -44,9 +42,8 @@ CASES = {
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}}), "rope scaling 'linear'"),
     "modernbert-layer-types-too-short": ("modern-bert", _config(layer_types=["full_attention"]), "layer_types"),
-    "modernbert-dense-module": ("modern-bert", lambda d: (
-        edit_json("modules.json", lambda m: m + [{"idx": 3, "name": "3", "path": "3_Dense",
-                                                 "type": "sentence_transformers.models.Dense"}])(d)), "Dense"),
+    "modernbert-dense-module": ("modern-bert", lambda d: edit_json(d / "modules.json", lambda m: m + [
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]), "Dense"),
     "gemma-causal": ("gemma", _config(use_bidirectional_attention=False), "use_bidirectional_attention"),
     "gemma-one-dense-module": ("gemma", _drop_module("3_Dense"), "Dense modules"),
     "gemma-dense-with-bias": ("gemma", lambda d: write_dense(d / "3_Dense", torch.zeros(64, 128), bias=torch.zeros(64)),
@@ -68,8 +65,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)
