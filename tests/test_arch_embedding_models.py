@@ -22,6 +22,7 @@ import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import SENTENCES, llama_embeddings
 from tests.embedding_models import build_embeddinggemma, build_modernbert
+from tests.ggml_activations import use_ggml_gelu
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -63,23 +64,13 @@ def dense_modules(model_dir: Path) -> list[np.ndarray]:
             for folder in sorted(model_dir.glob("*_Dense"))]
 
 
-class GgmlGelu(torch.nn.Module):
-    """GELU (tanh form) as ggml's CPU backend computes it: through a float16 table, inputs and
-    outputs rounded to float16, identity above 10 and zero below -10."""
-
-    def forward(self, x):
-        table = torch.nn.functional.gelu(x.half().float(), approximate="tanh").half().float()
-        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, table))
-
-
 def token_states(model_dir: Path, ggml_gelu: bool = False) -> list[tuple[list[int], np.ndarray]]:
     """Per sentence: transformers' token ids and last hidden state (with ggml_gelu, the MLPs'
     GELU computed as ggml computes it)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
     if ggml_gelu:
-        for layer in model.layers:
-            setattr(layer.mlp, "act" if hasattr(layer.mlp, "act") else "act_fn", GgmlGelu())
+        assert use_ggml_gelu(model, "act" if "ModernBert" in type(model).__name__ else "act_fn") == len(model.layers)
     rows = []
     for text in SENTENCES:
         ids = tokenizer(text)["input_ids"]
