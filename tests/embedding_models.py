@@ -1,7 +1,7 @@
 """Tiny ModernBERT and EmbeddingGemma models in sentence-transformers folders, built with transformers.
 
-ModernBERT: a random ModernBertModel or ModernBertForMaskedLM (4 blocks, hidden 64, a sliding window of 8 tokens on the
-blocks between the global ones, different rope bases for global and local blocks) with a byte-level
+ModernBERT: a random ModernBertModel or ModernBertForMaskedLM (4 blocks, hidden 64, a sliding window of 8 tokens on
+every second block, different rope bases for global and local blocks) with a byte-level
 BPE trained here whose post-processor gives `[CLS] text [SEP]`, as ModernBERT's tokenizer does.
 EmbeddingGemma: a random Gemma3TextModel with use_bidirectional_attention (4 blocks, GQA, a window of
 8 on a layer pattern that is not llama.cpp's default), the tests' SentencePiece tokenizer adding
@@ -59,6 +59,8 @@ def build_modernbert(model_dir: Path, seed: int = 0, masked_lm: bool = False) ->
     config = transformers.ModernBertConfig(
         vocab_size=len(tokenizer), hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         max_position_embeddings=128, local_attention=WINDOW, norm_eps=1e-5,
+        # global every second layer (global_attn_every_n_layers=2), not llama.cpp's default of every third
+        layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 50.0}},
         bos_token_id=ids["cls"], cls_token_id=ids["cls"], eos_token_id=ids["sep"], sep_token_id=ids["sep"],

@@ -4,10 +4,14 @@ transformers' model gives, pooled as sentence-transformers pools them (and, for 
 projected by its two Dense modules, computed here with torch from their weights); the files equal
 llama.cpp's convert_hf_to_gguf.py's.
 
-Models: tests/embedding_models.py (sliding windows of 8 tokens over sentences of 12-40 tokens,
-different local and global rope bases; EmbeddingGemma with norm offsets, GQA and Dense modules).
+Models: tests/embedding_models.py (sliding windows of 8 tokens over sentences of 6-36 tokens on
+layer patterns that are not llama.cpp's defaults, different local and global rope bases;
+EmbeddingGemma with norm offsets, GQA and Dense modules).
 Tolerances: max |llama.cpp - reference| / std of the reference vector, and cosine similarity; the
-measured values are in TOLERANCE's comments.
+measured values are in TOLERANCE's comments. Checked by hand: leaving out the sliding-window key,
+giving local layers the global rope base, or leaving out the Dense tensors makes the pooled f32
+test fail; without the layer pattern key llama.cpp aborts on the gemma-embedding model (all its
+layers would be sliding ones).
 """
 
 from __future__ import annotations
@@ -39,15 +43,15 @@ MODELS = {
 }
 OUTTYPES = ("f32", "f16", "q8_0")
 TOLERANCE = {  # (max error / std, cosine)
-    # measured 2.7e-4..1.4e-3 (1 - cosine <= 1.3e-7): ggml computes GELU through a float16 table (see
+    # measured 2.7e-4..1.3e-3 (1 - cosine <= 1.3e-7): ggml computes GELU through a float16 table (see
     # test_f32_matches_transformers_with_ggmls_gelu: 1.9e-6..2.3e-4 against that GELU)
     "f32": (2e-3, 0.99999),
-    "f16": (6e-3, 0.99999),  # measured 2.0e-3..4.0e-3 (1 - cosine <= 1.4e-6): weights rounded to 11 bits
-    # measured 3.9e-2..1.5e-1 (1 - cosine <= 1.3e-3): 8-bit weights through 4 layers redrawn large
+    "f16": (6e-3, 0.99999),  # measured 2.0e-3..3.9e-3 (1 - cosine <= 1.2e-6): weights rounded to 11 bits
+    # measured 3.9e-2..1.6e-1 (1 - cosine <= 1.4e-3): 8-bit weights through 4 layers redrawn large
     "q8_0": (0.25, 0.998),
 }
 GGML_GELU_TOLERANCE = 5e-4
-TOKEN_TOLERANCE = 5e-3  # per token, f32: measured 8.2e-4..3.3e-3 (no averaging over the tokens)
+TOKEN_TOLERANCE = 5e-3  # per token, f32: measured 8.2e-4..3.7e-3 (no averaging over the tokens)
 
 
 @pytest.fixture(scope="session")
@@ -194,6 +198,10 @@ KEY_DIFFERENCES = {
                                                "reference writes it for ModernBertModel too, which has no head",
         "tokenizer.ggml.add_sep_token": "ours not written (false): ModernBERT's pair template is [CLS] A [SEP] B [SEP], "
                                         "one separator; the reference's true makes llama-server's reranking put two",
+        "modern-bert.attention.sliding_window_pattern": "written when layer_types is not llama.cpp's default (global "
+                                                        "every third layer from the first); the reference writes "
+                                                        "global_attn_every_n_layers only, which transformers 5 saves "
+                                                        "as layer_types, so its file runs layer 2 with the window",
     },
     "gemma-embedding": {
         **TOKENIZER_KEY_DIFFERENCES,
