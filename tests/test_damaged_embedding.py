@@ -54,6 +54,7 @@ CASES = {
                                                              write_dense(d / "3_Dense", torch.zeros(64, 128))),
                                          "Dense modules"),
     "gemma-dense-weight-not-its-config": ("gemma", _dense_config("2_Dense", out_features=96), "linear.weight"),
+    "gemma-dense-bias-promised-not-stored": ("gemma", _dense_config("3_Dense", bias=True), "bias is True"),
     "gemma-dense-features-not-a-number": ("gemma", _dense_config("2_Dense", in_features="64"), "in_features"),
     "gemma-dense-weights-missing": ("gemma", lambda d: (d / "2_Dense" / "model.safetensors").unlink(), "2_Dense"),
     "gemma-dense-config-missing": ("gemma", lambda d: (d / "3_Dense" / "config.json").unlink(), "3_Dense/config.json"),

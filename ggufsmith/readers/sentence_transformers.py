@@ -165,6 +165,9 @@ def _read_dense(folder: Path) -> DenseModule:
     if weight is None or tuple(weight.shape) != expected:
         shape = "missing" if weight is None else f"of shape {list(weight.shape)}"
         raise ConversionError(f"{weights_path}: linear.weight is {shape}; {config_path} asks for {list(expected)}")
+    if config.get("bias", bias is not None) != (bias is not None):
+        raise ConversionError(f"{config_path}: bias is {config.get('bias')!r:.20} but {weights_path} "
+                              f"{'has' if bias is not None else 'has no'} linear.bias")
     if bias is not None and tuple(bias.shape) != expected[:1]:
         raise ConversionError(f"{weights_path}: linear.bias has shape {list(bias.shape)}; expected [{expected[0]}]")
     return DenseModule(folder, features["in_features"], features["out_features"], activation, weight, bias)
