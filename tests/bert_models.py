@@ -14,16 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tests.tokenizer_helpers import training_text
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
-    "我们今天去公园散步，天气很好。",
-    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
-    "Привет, как дела? Москва — столица России.",
-]
 POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "last": "pooling_mode_lasttoken"}
 
 
@@ -90,10 +85,18 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
     )
     torch.manual_seed(seed)
     model_class = transformers.XLMRobertaModel if xlmr else transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
-    model = model_class(config).eval()
+    model = redraw_weights(model_class(config).eval())
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+def redraw_weights(model):
+    """Every parameter redrawn large (see the module's docstring); returns the model."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm.weight" in name:
+            if "layernorm.weight" in name.lower():
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif param.dim() == 1:
                 param.copy_(0.2 * torch.randn_like(param))
@@ -101,8 +104,7 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
                 param.copy_(torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
-    model.save_pretrained(model_dir)
-    return model_dir
+    return model
 
 
 ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -149,11 +151,27 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
     return tokenizer
 
 
+# -- what the embedding tests compare ------------------------------------------------------------
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
+    "我们今天去公园散步，天气很好。",
+    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
+    "Привет, как дела? Москва — столица России.",
+]
+
+
+def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
+    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+    return vector / np.linalg.norm(vector)
+
+
 def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
     """One pooled, L2-normalized vector per text with the file's pooling; with
     pooling_type=NONE, every token's state as it is."""
     import llama_cpp
-    import numpy as np
 
     llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
                           verbose=False, **options)

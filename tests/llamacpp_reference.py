@@ -66,16 +66,25 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
-def _complete(folder: Path) -> bool:
-    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
-
-
 def reference_dir() -> Path:
     """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
     (fetched on first use)."""
     # The name says what it holds: caches of an older layout (without models/) are not reused.
     target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
-    if _complete(target):
+    return _extracted(target, _MEMBERS, _COMPLETE_MARKERS)
+
+
+def legacy_converter() -> Path:
+    """llama.cpp's examples/convert_legacy_llama.py, the converter of Meta-layout checkpoints
+    (consolidated.*.pth + params.json); run it with reference_env() (its gguf-py)."""
+    target = cache_root() / f"llama.cpp-legacy-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "examples/convert_legacy_llama.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+def _extracted(target: Path, members: tuple[str, ...], markers: tuple[str, ...]) -> Path:
+    """`target` holding `members` of the sdist's llama.cpp tree, fetched with pip on first use."""
+    if all((target / marker).is_file() for marker in markers):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -93,16 +102,16 @@ def reference_dir() -> Path:
                 if not member.name.startswith(_SDIST_PREFIX):
                     continue
                 relative = member.name[len(_SDIST_PREFIX):]
-                if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
+                if relative.startswith(members) and (member.isfile() or member.isdir()):
                     member.name = relative
                     tar.extract(member, staging, filter="data")
-        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        missing = [marker for marker in markers if not (staging / marker).is_file()]
         if missing:
             _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not _complete(target):
+            if not all((target / marker).is_file() for marker in markers):
                 raise
     return target
 
@@ -141,7 +150,8 @@ _CONVERT_EACH_OUTTYPE = """
 import os, sys
 from pathlib import Path
 
-script, model_dir, out_dir, *outtypes = sys.argv[1:]
+script, model_dir, out_dir, *rest = sys.argv[1:]
+outtypes, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
 sys.path.insert(0, str(Path(script).parent))
 import convert_hf_to_gguf
 if os.environ.get("GGUFSMITH_FORCE_PRE"):
@@ -154,28 +164,27 @@ for outtype in outtypes:
     import conversion.gemma
     conversion.gemma.EmbeddingGemma.module_paths = []
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype,
-                *os.environ.get("GGUFSMITH_REFERENCE_ARGS", "").split()]
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()
 """
 
-_conversions: dict[tuple[Path, tuple[str, ...], tuple[str, ...]], dict[str, Path]] = {}
+_conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
 
 def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
-                          pre: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Path]:
+                          pre: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
     Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
-    by hashing the tokens of a test text, which knows only published vocabularies). `args`: more
-    options of the script (e.g. --sentence-transformers-dense-modules)."""
-    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(args))
+    by hashing the tokens of a test text, which knows only published vocabularies). `extra`: more
+    options for the script (--bigendian, ...); give each set of options its own out_dir."""
+    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(extra))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
-        env = {"GGUFSMITH_FORCE_PRE": pre or "", "GGUFSMITH_REFERENCE_ARGS": " ".join(args)}
-        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
+        env = {"GGUFSMITH_FORCE_PRE": pre or ""}
+        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes, "--", *extra],
              model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]

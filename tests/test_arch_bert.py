@@ -37,7 +37,7 @@ import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.ggml_activations import use_ggml_gelu
 from tests.bert_models import (
-    SENTENCES, build_bert, llama_embeddings, train_roberta_bpe, train_wordpiece, train_xlmr_unigram,
+    SENTENCES, build_bert, llama_embeddings, pooled, train_roberta_bpe, train_wordpiece, train_xlmr_unigram,
     write_sentence_transformers_modules,
 )
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
@@ -96,12 +96,6 @@ def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
                 rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
         out[kind] = rows
     return out
-
-
-def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
-    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
-    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
-    return vector / np.linalg.norm(vector)
 
 
 @pytest.fixture(scope="session")

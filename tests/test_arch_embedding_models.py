@@ -222,6 +222,6 @@ REFERENCE_PRE = {"modern-bert": "gpt-2"}
 @pytest.mark.parametrize("kind", ["modern-bert", "gemma-embedding"])
 def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory, kind):
     references = reference_conversions(model_dirs[kind], tmp_path_factory.mktemp(f"ref_{kind}"), OUTTYPES,
-                                       pre=REFERENCE_PRE.get(kind), args=REFERENCE_ARGS.get(kind, ()))
+                                       pre=REFERENCE_PRE.get(kind), extra=REFERENCE_ARGS.get(kind, ()))
     for outtype in OUTTYPES:
         assert_same_file(converted(kind, outtype), references[outtype], KEY_DIFFERENCES[kind])

@@ -399,6 +399,30 @@ def read_metadata_overrides(path: str | Path) -> MetadataOverrides:
     return overrides
 
 
+def apply_metadata_overrides(md: Metadata, overrides: MetadataOverrides, total_params: int) -> None:
+    """--metadata on the keys of an existing model (quantize): each key the file gives replaces the
+    model's, with the value and type `convert --metadata` writes; an empty list removes its keys."""
+    key_of_field = {field_name: key for key, field_name in _OVERRIDE_FIELDS.items()}
+    for field_name, value in overrides.fields.items():
+        md.replace(key_of_field[field_name], value, GGUFValueType.STRING)
+    for key, value in overrides.sampling.items():
+        md.replace(key, value, _SAMPLING_TYPES[key])
+    lists = overrides.lists
+    for key, name in ((G.TAGS, "tags"), (G.LANGUAGES, "languages")):
+        if name in lists:
+            if key in md:
+                md.remove(key)
+            if lists[name]:
+                md.add_array(key, lists[name], GGUFValueType.STRING)
+    for name, count_key, templates in (("base_models", G.BASE_MODEL_COUNT, _BASE_MODEL_KEYS),
+                                       ("datasets", G.DATASET_COUNT, _DATASET_KEYS)):
+        if name in lists:
+            prefix = count_key.removesuffix("count")  # general.base_model.: the count and every entry's keys
+            for key in [k for k in md if k.startswith(prefix)]:
+                md.remove(key)
+            _add_references(md, lists[name], count_key, templates, total_params)
+
+
 def _override_list(path: Path, key: str, value: Any) -> list:
     if not isinstance(value, list):
         raise ConversionError(f"{path}: {key} is {shown(value)}, expected a list")
