@@ -225,3 +225,22 @@ def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory
                                        pre=REFERENCE_PRE.get(kind), extra=REFERENCE_ARGS.get(kind, ()))
     for outtype in OUTTYPES:
         assert_same_file(converted(kind, outtype), references[outtype], KEY_DIFFERENCES[kind])
+
+
+def test_modernbert_hub_config_gives_the_same_file(model_dirs, converted, tmp_path):
+    """answerdotai/ModernBERT's config.json (transformers 4.x) names the rope bases global_rope_theta /
+    local_rope_theta and the pattern global_attn_every_n_layers, where transformers 5 saves
+    rope_parameters and layer_types: the same model either way."""
+    import json
+    import shutil
+
+    model_dir = tmp_path / "modern-bert"
+    shutil.copytree(model_dirs["modern-bert"], model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    del config["layer_types"]
+    config |= {"global_rope_theta": rope["full_attention"]["rope_theta"],
+               "local_rope_theta": rope["sliding_attention"]["rope_theta"], "global_attn_every_n_layers": 2}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    ggufsmith.convert(model_dir, tmp_path / "hub.gguf", "f32")
+    assert gguf_contents(tmp_path / "hub.gguf") == gguf_contents(converted("modern-bert", "f32"))
