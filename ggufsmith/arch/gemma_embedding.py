@@ -14,8 +14,8 @@ an activation, sizes that do not lead from the model's width back to it).
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys, HFConfig
-from ggufsmith.arch.common import reject, sentence_transformers_folder
-from ggufsmith.arch.decoder import embeddings, in_block, attention, mlp, norms
+from ggufsmith.arch.common import sentence_transformers_folder
+from ggufsmith.arch.decoder import attention, embeddings, in_block, mlp, norms
 from ggufsmith.arch.gemma import SANDWICH_NORMS, SLIDING, Gemma3
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
