@@ -490,6 +490,11 @@ class Keys:
         CHAT_TEMPLATE_NAMED = "tokenizer.chat_template.{name}"
         CHAT_TEMPLATES = "tokenizer.chat_templates"
 
+    class Adapter:
+        """Keys of a LoRA adapter file (general.type = "adapter"), as llama.cpp's llama_adapter_lora reads them."""
+        TYPE = "adapter.type"  # "lora"
+        LORA_ALPHA = "adapter.lora.alpha"  # float32; llama.cpp scales each pair by alpha / its rank
+
     class Split:
         NO = "split.no"
         COUNT = "split.count"
