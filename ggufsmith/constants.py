@@ -346,6 +346,7 @@ class Keys:
         SWIGLU_CLAMP_EXP = "{arch}.swiglu_clamp_exp"
         SWIGLU_CLAMP_SHEXP = "{arch}.swiglu_clamp_shexp"
         POOLING_TYPE = "{arch}.pooling_type"
+        HIDDEN_ACT = "{arch}.hidden_activation"
         ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"
         ROUTER_LOGIT_SOFTCAPPING = "{arch}.router_logit_softcapping"
         FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"
@@ -356,6 +357,8 @@ class Keys:
         FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
         DENSE_2_FEAT_IN = "{arch}.dense_2_feat_in"
         DENSE_2_FEAT_OUT = "{arch}.dense_2_feat_out"
+        DENSE_3_FEAT_IN = "{arch}.dense_3_feat_in"
+        DENSE_3_FEAT_OUT = "{arch}.dense_3_feat_out"
         SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
         CLASSIFIER_OUTPUT_LABELS = "{arch}.classifier.output_labels"
 

@@ -191,6 +191,10 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
 
 for outtype in outtypes:
+    # EmbeddingGemma keeps its Dense modules' paths in a class-level list that every run appends to:
+    # a fresh one per run, as a process of its own would have.
+    import conversion.gemma
+    conversion.gemma.EmbeddingGemma.module_paths = []
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
     sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()
