@@ -116,6 +116,38 @@ def _extracted(target: Path, members: tuple[str, ...], markers: tuple[str, ...])
     return target
 
 
+def lora_converter() -> Path:
+    """llama.cpp's convert_lora_to_gguf.py, the converter of PEFT LoRA adapters; it imports the model
+    classes of reference_dir()'s conversion/ package (see reference_lora_conversions)."""
+    target = cache_root() / f"llama.cpp-lora-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "convert_lora_to_gguf.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+# convert_lora_to_gguf.py run once per outtype in one Python process (importing torch is most of a run).
+_CONVERT_LORA_EACH_OUTTYPE = """
+import runpy, sys
+
+script, conversion_dir, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
+sys.path.insert(0, conversion_dir)
+for outtype in outtypes:
+    outfile = f"{out_dir}/reference-lora-{outtype}.gguf"
+    sys.argv = [script, adapter_dir, "--base", base_dir, "--outfile", outfile, "--outtype", outtype]
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
+                               outtypes: tuple[str, ...]) -> dict[str, Path]:
+    """outtype -> convert_lora_to_gguf.py's GGUF of the PEFT adapter `adapter_dir` on `base_dir`
+    (out_dir/reference-lora-<outtype>.gguf), all made in one Python process."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    script = lora_converter()
+    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(reference_dir()), str(adapter_dir),
+          str(base_dir), str(out_dir), *outtypes], adapter_dir, timeout=1800)
+    return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
+
+
 def vocab_models_dir() -> Path:
     """llama.cpp's models/ folder with the ggml-vocab-*.gguf files and their .inp/.out test vectors."""
     return reference_dir() / "models"
@@ -159,6 +191,10 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
 
 for outtype in outtypes:
+    # EmbeddingGemma keeps its Dense modules' paths in a class-level list that every run appends to:
+    # a fresh one per run, as a process of its own would have.
+    import conversion.gemma
+    conversion.gemma.EmbeddingGemma.module_paths = []
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
     sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()

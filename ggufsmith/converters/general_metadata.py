@@ -184,6 +184,9 @@ def _hub_reference(ref: str | dict[str, str], total_params: int) -> dict[str, st
         if not m:
             return entry
         hub_id = m.group(1)
+    local_path = _is_local_path(hub_id)
+    if local_path:  # a card written on the trainer's machine: the folder's name, no Hub id to link to
+        hub_id = hub_id.replace("\\", "/").rstrip("/").rpartition("/")[2]
     parsed = parse_model_id(hub_id, total_params)
     if parsed.name:
         entry["name"] = title_case(parsed.name)
@@ -191,9 +194,14 @@ def _hub_reference(ref: str | dict[str, str], total_params: int) -> dict[str, st
         entry["organization"] = title_case(parsed.organization)
     if parsed.version:
         entry["version"] = parsed.version
-    if "repo_url" not in entry and parsed.organization and parsed.name:
+    if "repo_url" not in entry and parsed.organization and parsed.name and not local_path:
         entry["repo_url"] = f"https://huggingface.co/{parsed.organization}/{parsed.name}"
     return entry
+
+
+def _is_local_path(ref: str) -> bool:
+    """A folder on some disk rather than a Hub id "Org/Model" (which has at most one slash)."""
+    return ref.startswith(("/", ".", "~", "\\")) or ref.count("/") > 1 or re.match(r"[A-Za-z]:[\\/]", ref) is not None
 
 
 _SAMPLING = (  # generation_config.json name(s) -> key, type
@@ -277,7 +285,7 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
 
     name_or_path = config.get("_name_or_path")
     ids = []
-    if isinstance(name_or_path, str) and name_or_path.count("/") <= 1:
+    if isinstance(name_or_path, str) and not _is_local_path(name_or_path):
         ids.append(name_or_path)
     folder_name = repo_id or model_dir.resolve().name
     ids.append(folder_name)

@@ -8,7 +8,8 @@ and, within a .safetensors file, sorted by name as llama.cpp's converter lists t
 itself orders its data by dtype first); within a .bin file, in the file's own order. A folder in
 Meta's own layout (params.json, consolidated.*.pth) is read by readers/meta.py into the same form. Weights of a
 release published quantized (config.json quantization_config) come either as tensors that keep
-their bytes, for a format GGUF shares (MXFP4), or dequantized (FP8, ...): readers/quantized.py.
+their bytes, for a format GGUF shares (MXFP4), or dequantized (FP8, GPTQ, AWQ, compressed-tensors):
+readers/quantized.py.
 """
 
 from __future__ import annotations
