@@ -144,7 +144,7 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
         # Only groups whose largest value is negative can move (see _Q3Moves).
         can_move = np.flatnonzero(iscale > 0)
         if can_move.size:
-            _Q3Moves(by_group, levels, can_move, sum_lx, sum_l2, nmax).run(levels, sum_lx, sum_l2)
+            _Q3Moves(by_group, levels, can_move, sum_lx, sum_l2, nmax).run()
 
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
@@ -180,59 +180,58 @@ class _Q3Moves:
     state, so they are what ggml computed there too. A group with no accepted move ahead ends its
     sweep; if the sweep moved something (and sweeps remain) the next sweep starts from the same
     state at position 0, so its first move is the group's first accepted move anywhere; otherwise
-    the group is settled and leaves.
+    the group is settled and leaves. A group that does not move in the first round leaves then, so
+    every group in a later round has moved in its current sweep.
 
     The per-position state is four group-major fields, [4, groups, n]: x, L, and the terms w*x*L
     and w*L*L as ggml adds and removes them (kept as computed, so that they are removed bit for
-    bit). Leaving groups are dropped by taking whole rows into the other of two buffers.
+    bit); the per-group state is the running sums [2, groups] and the group's index, sweep and
+    where its sweep continues [3, groups]. Each accepted move is also written through to the
+    caller's levels and sums, so that a group leaving needs nothing but to be dropped: the rounds
+    after the first are mostly per-call overhead, and dropping is three takes into the other of
+    two buffers.
     """
 
     SWEEPS = 5
     X, LEVELS, TERMS_LX, TERMS_L2 = range(4)
+    ID, SWEEP, RESUME = range(3)
 
-    def __init__(self, by_group, start_levels, ids, sum_lx, sum_l2, nmax):
+    def __init__(self, by_group, levels, ids, sum_lx, sum_l2, nmax):
         n_groups, n = ids.size, by_group.shape[1]
-        self.n, self.nmax, self.parity = n, nmax, 0
+        self.n, self.nmax, self.parity, self.first_round = n, nmax, 0, True
+        self.levels, self.sum_lx, self.sum_l2 = levels, sum_lx, sum_l2  # written through
         self.state = scratch("q3.state.0", (4, n_groups, n))
-        x, levels, terms_lx, terms_l2 = self.state
+        x, start_levels, terms_lx, terms_l2 = self.state
         np.take(by_group, ids, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
-        np.take(start_levels, ids, axis=0, out=levels, mode="clip")
+        np.take(levels, ids, axis=0, out=start_levels, mode="clip")
         np.multiply(x, x, out=terms_lx)
         terms_lx *= x
-        terms_lx *= levels
+        terms_lx *= start_levels
         np.multiply(x, x, out=terms_l2)
-        terms_l2 *= levels
-        terms_l2 *= levels
-        self.ids, self.sum_lx, self.sum_l2 = ids, sum_lx[ids], sum_l2[ids]
-        self.sweep = np.zeros(n_groups, dtype=np.int8)  # 0..4
-        self.resume = np.zeros(n_groups, dtype=np.int8)  # where the sweep continues
-        self.moved = np.zeros(n_groups, dtype=bool)  # in this sweep
-        self.ever_moved = np.zeros(n_groups, dtype=bool)
+        terms_l2 *= start_levels
+        terms_l2 *= start_levels
+        self.sums = scratch("q3.sums.0", (2, n_groups))
+        np.take(sum_lx, ids, out=self.sums[0])
+        np.take(sum_l2, ids, out=self.sums[1])
+        self.group = scratch("q3.group.0", (3, n_groups), np.intp)
+        self.group[self.ID] = ids
+        self.group[self.SWEEP :] = 0
 
-    def run(self, levels: np.ndarray, sum_lx: np.ndarray, sum_l2: np.ndarray) -> None:
-        """Rounds until every group is settled; the levels ([all groups, n]) and sums of the
-        groups that moved are written back."""
-        while self.ids.size:
+    def run(self) -> None:
+        """Rounds until every group is settled."""
+        while self.sums.shape[1]:
             moving = self._round()
-            settled = np.ones(self.ids.size, dtype=bool)
-            settled[moving] = False
-            settled &= self.ever_moved
-            if settled.any():
-                ids = self.ids[settled]
-                levels[ids] = self.state[self.LEVELS, settled]
-                sum_lx[ids] = self.sum_lx[settled]
-                sum_l2[ids] = self.sum_l2[settled]
+            self.first_round = False
             self.parity ^= 1
-            kept = scratch(f"q3.state.{self.parity}", (4, moving.size, self.n))
-            self.state = np.take(self.state, moving, axis=1, out=kept, mode="clip")
-            for name in ("ids", "sum_lx", "sum_l2", "sweep", "resume", "moved", "ever_moved"):
-                setattr(self, name, getattr(self, name)[moving])
+            for name, array in (("state", self.state), ("sums", self.sums), ("group", self.group)):
+                kept = scratch(f"q3.{name}.{self.parity}", _kept_shape(array, moving.size), array.dtype)
+                setattr(self, name, np.take(array, moving, axis=1, out=kept, mode="clip"))
 
     def _round(self) -> np.ndarray:
         """Apply each group's next move; returns the groups (rows) that moved."""
-        state = self.state
-        sum_lx, sum_l2, sweep, resume, moved = self.sum_lx, self.sum_l2, self.sweep, self.resume, self.moved
-        n_groups, n = sum_lx.size, self.n
+        state, n = self.state, self.n
+        (sum_lx, sum_l2), (ids, sweep, resume) = self.sums, self.group
+        n_groups = sum_lx.size
         shape = (n_groups, n)
         slx = np.subtract(sum_lx[:, None], state[self.TERMS_LX], out=scratch("q3.slx", shape))
         sl2 = np.subtract(sum_l2[:, None], state[self.TERMS_L2], out=scratch("q3.sl2", shape))
@@ -256,30 +255,40 @@ class _Q3Moves:
         new_l2 = sl2.reshape(-1)[flat] + term_l2
         run_lx, run_l2 = sum_lx[row], sum_l2[row]
         accepted = np.flatnonzero((new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2))
-        a_row, a_position = row[accepted], position[accepted]
+        a_row = row[accepted]
 
         choice = np.full(n_groups, -1, dtype=np.intp)  # index into `accepted` of each group's move
-        ahead = np.flatnonzero(a_position >= resume[a_row])
-        first = _first_of_runs(a_row[ahead])
-        choice[a_row[ahead[first]]] = ahead[first]
-        next_sweep = (choice < 0) & moved & (sweep < self.SWEEPS - 1)
-        first = np.flatnonzero(_first_of_runs(a_row))
-        starts_sweep = next_sweep[a_row[first]]
-        choice[a_row[first[starts_sweep]]] = first[starts_sweep]
-        sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
+        first = np.flatnonzero(_first_of_runs(a_row))  # each group's first accepted move
+        if self.first_round:  # every sweep starts at position 0
+            choice[a_row[first]] = first
+        else:
+            ahead = np.flatnonzero(position[accepted] >= resume[a_row])
+            first_ahead = ahead[_first_of_runs(a_row[ahead])]
+            choice[a_row[first_ahead]] = first_ahead
+            # every group here has moved in its sweep: with nothing ahead, a next sweep if any remain
+            next_sweep = (choice < 0) & (sweep < self.SWEEPS - 1)
+            starts_sweep = next_sweep[a_row[first]]
+            choice[a_row[first[starts_sweep]]] = first[starts_sweep]
+            sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
 
         moving = np.flatnonzero(choice >= 0)
         chosen = accepted[choice[moving]]
-        at = position[chosen]
-        state[self.LEVELS, moving, at] = level[chosen]
-        state[self.TERMS_LX, moving, at] = term_lx[chosen]
-        state[self.TERMS_L2, moving, at] = term_l2[chosen]
-        sum_lx[moving] = new_lx[chosen]
-        sum_l2[moving] = new_l2[chosen]
-        resume[moving] = at + 1
-        moved[moving] = True
-        self.ever_moved[moving] = True
+        at = flat[chosen]
+        new_level = level[chosen]
+        state[self.LEVELS].reshape(-1)[at] = new_level
+        state[self.TERMS_LX].reshape(-1)[at] = term_lx[chosen]
+        state[self.TERMS_L2].reshape(-1)[at] = term_l2[chosen]
+        moving_ids = ids[moving]
+        sum_lx[moving] = self.sum_lx[moving_ids] = new_lx[chosen]
+        sum_l2[moving] = self.sum_l2[moving_ids] = new_l2[chosen]
+        at_position = position[chosen]
+        resume[moving] = at_position + 1
+        self.levels[moving_ids, at_position] = new_level
         return moving
+
+
+def _kept_shape(array: np.ndarray, n_kept: int) -> tuple[int, ...]:
+    return array.shape[:1] + (n_kept,) + array.shape[2:]
 
 
 def round_clamped(values: np.ndarray, nmax: int) -> None:
