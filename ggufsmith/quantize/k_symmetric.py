@@ -157,7 +157,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     x = position_major(rows, GROUP)
     by_group = rows.reshape(-1, GROUP)
     if importance is None:
-        group_scales, levels = make_q3_quants(x, by_group, 4)  # levels group-major, as by_group
+        group_scales, levels_of = make_q3_quants(x, by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
         weights = _q3_k_group_weights(rows, importance, x)
@@ -167,8 +167,9 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     group_scale = (d_stored[:, None] * (stored.astype(np.float32) - np.float32(32))).reshape(-1)
     if importance is None:  # the search's levels are group-major, as the rows: stay so
         fresh = _fresh_levels(by_group, group_scale[:, None], 4)
-        keep = np.flatnonzero(group_scale == 0)
-        fresh[keep] = levels[keep]
+        keep = np.flatnonzero(group_scale == 0)  # rare: these keep the search's levels
+        if keep.size:
+            fresh[keep] = levels_of(keep)
         levels = fresh.reshape(n_blocks, QK_K)
     else:
         levels = _natural_order(_requantize(x, levels, group_scale, 4), n_blocks)

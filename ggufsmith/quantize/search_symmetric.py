@@ -10,6 +10,8 @@ are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ggufsmith.quantize.numerics import (
@@ -110,13 +112,16 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
     return scale, out
 
 
-def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
     """ggml's make_q3_quants with do_rmse: start from -nmax/max, then up to 5 sweeps that move one
     value at a time to the level that most improves the x*x-weighted fit, keeping running sums.
 
     x: float32[n, groups], position-major (for the sums in C order); by_group: the same values as
-    [groups, n] (the rows as they are). Returns (scale float32[groups], levels uint8[groups, n] in
-    0 .. 2*nmax-1, group-major like by_group); all-zero groups get scale 0 and levels 0, as in ggml.
+    [groups, n] (the rows as they are). Returns (scale float32[groups], levels_of): levels_of(groups)
+    gives those groups' levels, uint8[len(groups), n] in 0 .. 2*nmax-1 (group-major like by_group).
+    Q3_K needs the search's levels only for the rare groups whose stored scale rounds to 0, so
+    they are made on request rather than for every group. All-zero groups get scale 0 and levels
+    0, as in ggml.
     """
     n, n_groups = x.shape
     amax, iscale = np.empty((2, n_groups), dtype=np.float32)
@@ -126,8 +131,7 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
         for start in range(0, n_groups, Q3_TILE_GROUPS):
             tile = slice(start, start + Q3_TILE_GROUPS)
             shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
-            x_tile = scratch("q3.x", shape)
-            x_tile[...] = x[:, tile]
+            x_tile = x[:, tile]
             amax[tile], signed_max = signed_max_abs(x_tile, finite=True)  # the registry checked it
             iscale[tile] = np.float32(-nmax) / signed_max
             start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
@@ -139,20 +143,30 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
             terms *= start_levels
             terms *= start_levels
             sum_l2[tile] = sum_from_zero(terms)
-        # The same start levels, group-major (elementwise: the same values).
-        levels = _clamped_levels(iscale[:, None], by_group, nmax, finite=True, out=scratch("q3.levels", by_group.shape))
         # Only groups whose largest value is negative can move (see _Q3Moves).
-        can_move = np.flatnonzero(iscale > 0)
-        if can_move.size:
-            _Q3Moves(by_group, levels, can_move, sum_lx, sum_l2, nmax).run()
-
+        movers = np.flatnonzero(iscale > 0)
+        moves = None
+        if movers.size:
+            moves = _Q3Moves(by_group, iscale, movers, sum_lx, sum_l2, nmax)
+            moves.run()
+            sum_lx[movers], sum_l2[movers] = moves.final_sums
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
-        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        all_zero = amax < GROUP_MAX_EPS
         scale[all_zero] = 0
-        levels += np.float32(nmax)
-        out = levels.astype(np.uint8)
-    out[all_zero] = 0
-    return scale, out
+
+    def levels_of(groups: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):  # all-zero groups: 0 * -inf, reset below
+            levels = _clamped_levels(iscale[groups, None], by_group[groups], nmax, finite=True)
+            if moves is not None:
+                at = np.minimum(np.searchsorted(movers, groups), movers.size - 1)
+                moved = movers[at] == groups
+                levels[moved] = moves.final_levels[at[moved]]
+            levels += np.float32(nmax)
+            out = levels.astype(np.uint8)
+        out[all_zero[groups]] = 0
+        return out
+
+    return scale, levels_of
 
 
 def _first_of_runs(keys: np.ndarray) -> np.ndarray:
@@ -185,36 +199,37 @@ class _Q3Moves:
 
     The per-position state is four group-major fields, [4, groups, n]: x, L, and the terms w*x*L
     and w*L*L as ggml adds and removes them (kept as computed, so that they are removed bit for
-    bit); the per-group state is the running sums [2, groups] and the group's index, sweep and
-    where its sweep continues [3, groups]. Each accepted move is also written through to the
-    caller's levels and sums, so that a group leaving needs nothing but to be dropped: the rounds
-    after the first are mostly per-call overhead, and dropping is three takes into the other of
-    two buffers.
+    bit); the per-group state is the running sums [2, groups] and the group's index among the
+    movers, its sweep and where its sweep continues [3, groups]. Each accepted move is also
+    written through to final_levels and final_sums (every mover, in mover order), so that a group
+    leaving needs nothing but to be dropped: the rounds after the first are mostly per-call
+    overhead, and dropping is three takes into the other of two buffers.
     """
 
     SWEEPS = 5
     X, LEVELS, TERMS_LX, TERMS_L2 = range(4)
-    ID, SWEEP, RESUME = range(3)
+    MOVER, SWEEP, RESUME = range(3)
 
-    def __init__(self, by_group, levels, ids, sum_lx, sum_l2, nmax):
-        n_groups, n = ids.size, by_group.shape[1]
+    def __init__(self, by_group, iscale, movers, sum_lx, sum_l2, nmax):
+        n_movers, n = movers.size, by_group.shape[1]
         self.n, self.nmax, self.parity, self.first_round = n, nmax, 0, True
-        self.levels, self.sum_lx, self.sum_l2 = levels, sum_lx, sum_l2  # written through
-        self.state = scratch("q3.state.0", (4, n_groups, n))
+        self.state = scratch("q3.state.0", (4, n_movers, n))
         x, start_levels, terms_lx, terms_l2 = self.state
-        np.take(by_group, ids, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
-        np.take(levels, ids, axis=0, out=start_levels, mode="clip")
+        np.take(by_group, movers, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
+        _clamped_levels(iscale[movers, None], x, nmax, finite=True, out=start_levels)
         np.multiply(x, x, out=terms_lx)
         terms_lx *= x
         terms_lx *= start_levels
         np.multiply(x, x, out=terms_l2)
         terms_l2 *= start_levels
         terms_l2 *= start_levels
-        self.sums = scratch("q3.sums.0", (2, n_groups))
-        np.take(sum_lx, ids, out=self.sums[0])
-        np.take(sum_l2, ids, out=self.sums[1])
-        self.group = scratch("q3.group.0", (3, n_groups), np.intp)
-        self.group[self.ID] = ids
+        self.sums = scratch("q3.sums.0", (2, n_movers))
+        np.take(sum_lx, movers, out=self.sums[0])
+        np.take(sum_l2, movers, out=self.sums[1])
+        # Every mover's levels and sums as they end, written through as it moves.
+        self.final_levels, self.final_sums = start_levels.copy(), self.sums.copy()
+        self.group = scratch("q3.group.0", (3, n_movers), np.intp)
+        self.group[self.MOVER] = np.arange(n_movers)
         self.group[self.SWEEP :] = 0
 
     def run(self) -> None:
@@ -230,7 +245,7 @@ class _Q3Moves:
     def _round(self) -> np.ndarray:
         """Apply each group's next move; returns the groups (rows) that moved."""
         state, n = self.state, self.n
-        (sum_lx, sum_l2), (ids, sweep, resume) = self.sums, self.group
+        (sum_lx, sum_l2), (mover, sweep, resume) = self.sums, self.group
         n_groups = sum_lx.size
         shape = (n_groups, n)
         slx = np.subtract(sum_lx[:, None], state[self.TERMS_LX], out=scratch("q3.slx", shape))
@@ -278,12 +293,12 @@ class _Q3Moves:
         state[self.LEVELS].reshape(-1)[at] = new_level
         state[self.TERMS_LX].reshape(-1)[at] = term_lx[chosen]
         state[self.TERMS_L2].reshape(-1)[at] = term_l2[chosen]
-        moving_ids = ids[moving]
-        sum_lx[moving] = self.sum_lx[moving_ids] = new_lx[chosen]
-        sum_l2[moving] = self.sum_l2[moving_ids] = new_l2[chosen]
+        moving_movers = mover[moving]
+        sum_lx[moving] = self.final_sums[0, moving_movers] = new_lx[chosen]
+        sum_l2[moving] = self.final_sums[1, moving_movers] = new_l2[chosen]
         at_position = position[chosen]
         resume[moving] = at_position + 1
-        self.levels[moving_ids, at_position] = new_level
+        self.final_levels[moving_movers, at_position] = new_level
         return moving
 
 
