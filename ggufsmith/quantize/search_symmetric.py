@@ -124,16 +124,15 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
     0, as in ggml.
     """
     n, n_groups = x.shape
-    amax, iscale = np.empty((2, n_groups), dtype=np.float32)
     sum_lx, sum_l2 = np.empty((2, n_groups), dtype=np.float32)
     with np.errstate(all="ignore"):
+        amax, signed_max = signed_max_abs(x, finite=True)  # the registry checked it
+        iscale = np.float32(-nmax) / signed_max
         # The start's sums, tile by tile so that their arrays stay in cache.
         for start in range(0, n_groups, Q3_TILE_GROUPS):
             tile = slice(start, start + Q3_TILE_GROUPS)
             shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
             x_tile = x[:, tile]
-            amax[tile], signed_max = signed_max_abs(x_tile, finite=True)  # the registry checked it
-            iscale[tile] = np.float32(-nmax) / signed_max
             start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
             terms = np.multiply(x_tile, x_tile, out=scratch("q3.terms", shape))
             terms *= x_tile
