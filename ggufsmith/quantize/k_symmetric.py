@@ -55,10 +55,15 @@ def _natural_order(levels_by_position: np.ndarray, n_blocks: int) -> np.ndarray:
     return transposed(levels_by_position).reshape(n_blocks, QK_K)
 
 
-def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(largest |scale| of each block, the signed scale that has it, the block's group scales)."""
+def _super_scale(group_scales: np.ndarray, when_finite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(largest |scale| of each block, the signed scale that has it, the block's group scales).
+    when_finite: take signed_max_abs's integer way (6x faster here) if every scale is finite
+    (Q3_K's measured gain; Q6_K keeps the float way, untried with it)."""
     by_block = group_scales.reshape(-1, GROUPS)
-    amax, signed = signed_max_abs(by_block.T)
+    if when_finite and np.isfinite(group_scales).all():
+        amax, signed = signed_max_abs(np.ascontiguousarray(by_block.T), finite=True)
+    else:
+        amax, signed = signed_max_abs(by_block.T)
     return amax, signed, by_block
 
 
@@ -117,7 +122,7 @@ Q3_K_BYTES = QK_K // 8 + QK_K // 4 + 12 + 2
 
 def _q3_k_scales_ref(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q3_K_ref's 6-bit group scales (0 .. 63, 32 meaning 0) and super-scale."""
-    _, max_scale, by_block = _super_scale(group_scales)
+    _, max_scale, by_block = _super_scale(group_scales, when_finite=True)
     has_scale = max_scale != 0
     iscale = np.float32(-32) / max_scale
     stored = np.clip(nearest_int(iscale[:, None] * by_block), -32, 31) + 32
