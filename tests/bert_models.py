@@ -66,9 +66,11 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
 
 
 def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False, seed: int = 0,
-               hidden_size: int = 64) -> Path:
+               hidden_size: int = 64, labels: list[str] | None = None) -> Path:
     """A random-weight BertModel (BertForMaskedLM; RobertaModel or XLMRobertaModel, whose positions
-    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`."""
+    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`;
+    with `labels`, the *ForSequenceClassification model of that family with those labels (a
+    reranker: one)."""
     import torch
     import transformers
 
@@ -80,9 +82,12 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
         hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
         max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
         pad_token_id=1 if roberta else 0,
+        **({"id2label": dict(enumerate(labels))} if labels else {}),
     )
     torch.manual_seed(seed)
-    model_class = transformers.XLMRobertaModel if xlmr else transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
+    family = "XLMRoberta" if xlmr else "Roberta" if roberta else "Bert"
+    head = "ForSequenceClassification" if labels else "ForMaskedLM" if masked_lm else "Model"
+    model_class = getattr(transformers, family + head)
     model = model_class(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():

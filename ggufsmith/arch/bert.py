@@ -11,6 +11,14 @@ RoBERTa (`RobertaModel`) is the same graph: its position ids start after the pad
 (pad_token_id + 1, for the tokens of an unpadded text), so the rows before are cut off and the
 context is that much shorter, as llama.cpp's converter does; its tokenizer is a byte-level BPE.
 Every other tensor is stored as HF stores it.
+
+Classifiers and rerankers (`*ForSequenceClassification`: cross-encoder/ms-marco-MiniLM,
+bge-reranker) run through llama.cpp's rank pooling ({arch}.pooling_type = rank, written here so the
+file scores without --pooling rank): the CLS token's state, `cls` (a dense layer) and tanh, then
+`cls.output` (one row per label). BERT's head is its pooler (dense + tanh over the CLS token) and a
+`classifier` layer; RoBERTa's is `classifier.dense` + tanh and `classifier.out_proj`. llama.cpp
+gives every label's logit ({arch}.classifier.output_labels names them, one per row); softmax or
+sigmoid over them is the caller's, as with transformers' logits.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.tensors import Dim, T
-from ggufsmith.constants import Keys
+from ggufsmith.constants import GGUFValueType, Keys, PoolingType, arch_key
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -57,20 +65,49 @@ _NAMES = {
 }
 
 
+# The classification head, only in *ForSequenceClassification models (n_cls_out: their label count).
+_HEAD = "n_cls_out > 0"
+_CLASSIFIER = {
+    "classifier.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),  # RoBERTa
+    "classifier.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
+    "classifier.out_proj.weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
+    "classifier.out_proj.bias": T("cls.output.bias", "n_cls_out", when=_HEAD),
+    "bert.pooler.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),  # BERT: pooler, classifier
+    "bert.pooler.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
+    "classifier.weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
+    "classifier.bias": T("cls.output.bias", "n_cls_out", when=_HEAD),
+}
+_CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
+                "XLMRobertaForSequenceClassification")
+
+
+def output_labels(config: HFConfig) -> list[str]:
+    """A classifier's labels in id order, from config.json's id2label (transformers' default when
+    absent: LABEL_0, LABEL_1)."""
+    id2label = config.get_dict("id2label", default={"0": "LABEL_0", "1": "LABEL_1"})
+    ids = sorted(id2label, key=lambda k: int(k) if str(k).isdigit() else -1)
+    if [str(k) for k in ids] != [str(i) for i in range(len(ids))] or not ids or not all(
+            isinstance(v, str) for v in id2label.values()):
+        raise ConversionError(f"{config.path}: id2label must map the ids 0, 1, ... {len(ids) - 1} to label names "
+                              f"(found keys {list(id2label)[:5]}); it gives the classifier's output rows")
+    return [id2label[k] for k in ids]
+
+
 class Bert(Architecture):
     name = "bert"
-    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel")
+    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", *_CLASSIFIERS)
     model_types = ("bert", "roberta", "xlm-roberta")
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
-    tensor_names = {**{f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}}
+    tensor_names = {**{f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()},
+                    **_CLASSIFIER}
     ignored_tensors = (
         r"((bert|roberta)\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
         r"((bert|roberta)\.)?pooler\.dense\.(weight|bias)",  # the pooler: not part of the embeddings
         r"cls\.predictions\..*",  # BertForMaskedLM's language-model head
     )
-    dim_names = ("n_token_types",)
+    dim_names = ("n_token_types", "n_cls_out")
     # BertConfig's defaults, for config.json files that leave them out.
     config_defaults = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
                        "position_embedding_type": "absolute"}
@@ -95,10 +132,13 @@ class Bert(Architecture):
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
                                       f"is {c.get_int('max_position_embeddings')}")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
+        self.labels = output_labels(c) if any(name in _CLASSIFIERS for name in c.architectures) else []
+        if self.labels:  # BERT's pooler is its classification head's first layer
+            self.ignored_tensors = tuple(p for p in self.ignored_tensors if "pooler" not in p)
 
     def dims(self) -> dict[str, Dim]:
         count = self.config.get_int("type_vocab_size", min=1)
-        return {"n_token_types": Dim(int(count), count.origin)}
+        return {"n_token_types": Dim(int(count), count.origin), "n_cls_out": Dim(len(self.labels), "id2label")}
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -112,6 +152,10 @@ class Bert(Architecture):
         keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", min=0))
         keys.bool(Keys.Attention.CAUSAL, False)
         pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
+        if self.labels:  # the classification head runs in llama.cpp's rank pooling only
+            pooling = PoolingType.RANK
+            metadata.add_array(arch_key(Keys.LLM.CLASSIFIER_OUTPUT_LABELS, self.name), self.labels,
+                               GGUFValueType.STRING)
         keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
         # A model key under the tokenizer's name: llama.cpp refuses a bert file without it.
         metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"].value)
