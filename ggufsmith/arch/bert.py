@@ -36,32 +36,32 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 _GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
 
 
-def _layer_norm(hf: str, gguf: str) -> dict[str, T]:
+def layer_norm(hf: str, gguf: str) -> dict[str, T]:
     """A LayerNorm under both names checkpoints use: weight/bias, and TF-era gamma/beta."""
     weight, bias = T(f"{gguf}.weight", "n_embd"), T(f"{gguf}.bias", "n_embd")
     return {f"{hf}.weight": weight, f"{hf}.bias": bias, f"{hf}.gamma": weight, f"{hf}.beta": bias}
 
 
-def _linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
+def linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
     """A dense layer; llama.cpp loads every bert bias as optional."""
     return {f"{hf}.weight": T(f"{gguf}.weight", rows, columns), f"{hf}.bias": T(f"{gguf}.bias", rows, optional=True)}
 
 
 _LAYER = "encoder.layer.{bid}."
-_BLOCK = "blk.{bid}."
+BLOCK = "blk.{bid}."
 _NAMES = {
     "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
     "embeddings.position_embeddings.weight": T("position_embd.weight", "n_ctx", "n_embd"),
     "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
-    **_layer_norm("embeddings.LayerNorm", "token_embd_norm"),
-    **_linear(_LAYER + "attention.self.query", _BLOCK + "attn_q", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.self.key", _BLOCK + "attn_k", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.self.value", _BLOCK + "attn_v", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.output.dense", _BLOCK + "attn_output", "n_embd", "n_embd"),
-    **_layer_norm(_LAYER + "attention.output.LayerNorm", _BLOCK + "attn_output_norm"),
-    **_linear(_LAYER + "intermediate.dense", _BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **_linear(_LAYER + "output.dense", _BLOCK + "ffn_down", "n_embd", "n_ff"),
-    **_layer_norm(_LAYER + "output.LayerNorm", _BLOCK + "layer_output_norm"),
+    **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
+    **linear(_LAYER + "attention.self.query", BLOCK + "attn_q", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.key", BLOCK + "attn_k", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.value", BLOCK + "attn_v", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.output.dense", BLOCK + "attn_output", "n_embd", "n_embd"),
+    **layer_norm(_LAYER + "attention.output.LayerNorm", BLOCK + "attn_output_norm"),
+    **linear(_LAYER + "intermediate.dense", BLOCK + "ffn_up", "n_ff", "n_embd"),
+    **linear(_LAYER + "output.dense", BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **layer_norm(_LAYER + "output.LayerNorm", BLOCK + "layer_output_norm"),
 }
 
 
@@ -93,6 +93,12 @@ def output_labels(config: HFConfig) -> list[str]:
     return [id2label[k] for k in ids]
 
 
+def is_jina_v3(config: HFConfig) -> bool:
+    """jina-embeddings-v3 as jina publishes it for its own code: an XLMRobertaModel config with
+    rotary positions and task adapters, which the jina-bert-v3 plugin converts."""
+    return "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary"
+
+
 class Bert(Architecture):
     name = "bert"
     hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", *_CLASSIFIERS)
@@ -111,16 +117,21 @@ class Bert(Architecture):
     # BertConfig's defaults, for config.json files that leave them out.
     config_defaults = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
                        "position_embedding_type": "absolute"}
+    position_embedding = "absolute"  # the position_embedding_type llama.cpp's graph for this arch has
+
+    @classmethod
+    def claims(cls, config: HFConfig) -> bool:
+        return super().claims(config) and not is_jina_v3(config)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
         reject(c, c.get_str("hidden_act") not in _GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
-        reject(c, c.get_str("position_embedding_type") != "absolute",
-               f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not absolute)")
+        reject(c, c.get_str("position_embedding_type") != self.position_embedding,
+               f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not {self.position_embedding})")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
         # XLM-RoBERTa (BGE-M3, multilingual-e5) is RoBERTa with a SentencePiece Unigram tokenizer.
-        roberta = c.model_type in ("roberta", "xlm-roberta") or any(
+        roberta = c.model_type in ("roberta", "xlm-roberta", "jina_embeddings_v3") or any(
             name in self.checkpoint_config.architectures for name in ("RobertaModel", "XLMRobertaModel"))
         # RoBERTa numbers positions from pad_token_id + 1 (RobertaConfig's default padding id is 1).
         self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
