@@ -65,17 +65,19 @@ _NAMES = {
 }
 
 
-# The classification head, only in *ForSequenceClassification models (n_cls_out: their label count).
+# The classification heads, only in *ForSequenceClassification models (n_cls_out: their label count).
 _HEAD = "n_cls_out > 0"
-_CLASSIFIER = {
-    "classifier.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),  # RoBERTa
-    "classifier.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
-    "classifier.out_proj.weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
-    "classifier.out_proj.bias": T("cls.output.bias", "n_cls_out", when=_HEAD),
-    "bert.pooler.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),  # BERT: pooler, classifier
+_OUTPUT = {"weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
+           "bias": T("cls.output.bias", "n_cls_out", when=_HEAD)}
+_BERT_HEAD = {  # BERT's pooler (dense + tanh over the CLS token), then `classifier`
+    "bert.pooler.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
     "bert.pooler.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
-    "classifier.weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
-    "classifier.bias": T("cls.output.bias", "n_cls_out", when=_HEAD),
+    "classifier.weight": _OUTPUT["weight"], "classifier.bias": _OUTPUT["bias"],
+}
+_ROBERTA_HEAD = {  # RoBERTa's classifier.dense + tanh, then classifier.out_proj
+    "classifier.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
+    "classifier.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
+    "classifier.out_proj.weight": _OUTPUT["weight"], "classifier.out_proj.bias": _OUTPUT["bias"],
 }
 _CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
                 "XLMRobertaForSequenceClassification")
@@ -88,8 +90,8 @@ def output_labels(config: HFConfig) -> list[str]:
     ids = sorted(id2label, key=lambda k: int(k) if str(k).isdigit() else -1)
     if [str(k) for k in ids] != [str(i) for i in range(len(ids))] or not ids or not all(
             isinstance(v, str) for v in id2label.values()):
-        raise ConversionError(f"{config.path}: id2label must map the ids 0, 1, ... {len(ids) - 1} to label names "
-                              f"(found keys {list(id2label)[:5]}); it gives the classifier's output rows")
+        raise ConversionError(f"{config.path}: id2label must map each id from 0 to its label name (found keys "
+                              f"{list(id2label)[:5]}); it names the classifier's output rows")
     return [id2label[k] for k in ids]
 
 
@@ -106,8 +108,8 @@ class Bert(Architecture):
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
-    tensor_names = {**{f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()},
-                    **_CLASSIFIER}
+    encoder_names = {f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}
+    tensor_names = {**encoder_names, **_BERT_HEAD, **_ROBERTA_HEAD}  # a classifier has its family's head only
     ignored_tensors = (
         r"((bert|roberta)\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
         r"((bert|roberta)\.)?pooler\.dense\.(weight|bias)",  # the pooler: not part of the embeddings
@@ -146,6 +148,7 @@ class Bert(Architecture):
         self.labels = output_labels(c) if any(name in _CLASSIFIERS for name in c.architectures) else []
         if self.labels:  # BERT's pooler is its classification head's first layer
             self.ignored_tensors = tuple(p for p in self.ignored_tensors if "pooler" not in p)
+            self.tensor_names = {**self.encoder_names, **(_ROBERTA_HEAD if roberta else _BERT_HEAD)}
 
     def dims(self) -> dict[str, Dim]:
         count = self.config.get_int("type_vocab_size", min=1)

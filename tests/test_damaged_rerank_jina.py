@@ -1,0 +1,81 @@
+"""Classifier / reranker folders and jina-embeddings-v3 folders llama.cpp cannot run as transformers
+does, or that are broken: each is refused in one line naming the key, file or tensor (contract:
+tests/damaged_inputs.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from tests.bert_models import build_bert, build_jina_v3, jina_v3_as_published, train_wordpiece, train_xlmr_unigram
+from tests.damaged_inputs import assert_clean_failure, run_cli
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("rerank_jina_damaged")
+    train_wordpiece(root / "bert-reranker", lowercase=True, vocab_size=300)
+    build_bert(root / "bert-reranker", hidden_size=32, labels=["LABEL_0"])
+    train_xlmr_unigram(root / "jina", vocab_size=400)
+    build_jina_v3(root / "jina", hidden_size=32)
+    jina_v3_as_published(root / "jina", root / "jina-published")
+    return {name: root / name for name in ("bert-reranker", "jina", "jina-published")}
+
+
+def _config(**changes):
+    def damage(model_dir: Path) -> None:
+        path = model_dir / "config.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+    return damage
+
+
+def _without_config_key(key: str):
+    def damage(model_dir: Path) -> None:
+        path = model_dir / "config.json"
+        config = json.loads(path.read_text())
+        del config[key]
+        path.write_text(json.dumps(config))
+    return damage
+
+
+def _without_tensors(*names: str):
+    def damage(model_dir: Path) -> None:
+        path = model_dir / "model.safetensors"
+        tensors = {k: v for k, v in load_file(path).items() if k not in names}
+        save_file(tensors, path, metadata={"format": "pt"})
+    return damage
+
+
+# (folder, damage, culprit named in the error)
+CASES = {
+    # classifiers and rerankers
+    "id2label-not-ids": ("bert-reranker", _config(id2label={"first": "LABEL_0"}), "id2label"),
+    "more-labels-than-the-head's-rows": ("bert-reranker", _config(id2label={"0": "a", "1": "b"}), "id2label"),
+    "classifier-without-its-pooler": ("bert-reranker", _without_tensors("bert.pooler.dense.weight"),
+                                      "cls.weight (from bert.pooler.dense.weight)"),
+    # jina-embeddings-v3
+    "jina-relu": ("jina", _config(hidden_act="relu"), "hidden_act"),
+    "jina-scaled-rotary": ("jina", _config(rope_parameters={"rope_type": "linear", "rope_theta": 20000.0,
+                                                            "factor": 2.0}), "rope scaling"),
+    "jina-without-rotary-base": ("jina", _without_config_key("rope_parameters"), "rotary_emb_base"),
+    "jina-published-absolute-positions": ("jina-published", _config(position_embedding_type="absolute"),
+                                          "position_embedding_type"),
+    "jina-published-without-a-base-weight": ("jina-published", _without_tensors(
+        "roberta.encoder.layers.1.mixer.Wqkv.parametrizations.weight.original"), "blk.1.attn_qkv.weight"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_refused_in_one_line(originals, tmp_path, case):
+    kind, damage, culprit = CASES[case]
+    model_dir = tmp_path / kind
+    shutil.copytree(originals[kind], model_dir)
+    damage(model_dir)
+    target = tmp_path / "out.gguf"
+    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
