@@ -86,6 +86,27 @@ def prompt_ids(model_dir: Path, prompt: str = PROMPT) -> list[int]:
     return AutoTokenizer.from_pretrained(model_dir).encode(prompt, add_special_tokens=False)
 
 
+def build_bpe_models(root: Path, specs, vocab_size: int) -> dict[str, Path]:
+    """kind -> folder of the random-weight model specs[kind] = (config class, model class, config
+    fields), with a Qwen2-style byte-level BPE tokenizer of `vocab_size` pieces trained for it."""
+    from tests.tokenizer_helpers import train_bpe
+
+    dirs = {}
+    for kind, (config_class, model_class, fields) in specs.items():
+        train_bpe(root / kind, "qwen2", vocab_size=vocab_size)
+        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
+    return dirs
+
+
+def with_reference_logits(dirs: dict[str, Path], specs) -> dict[str, tuple[Path, list[int], np.ndarray]]:
+    """kind -> (folder, the prompt's token ids, transformers' logits for them) for build_bpe_models' folders."""
+    out = {}
+    for kind, model_dir in dirs.items():
+        ids = prompt_ids(model_dir)
+        out[kind] = model_dir, ids, hf_logits(model_dir, specs[kind][1], ids)
+    return out
+
+
 def conversions(models, root: Path):
     """get(name, outtype): the GGUF of models[name]'s folder (its first item) at outtype, converted
     once (into root) however many tests ask for it."""

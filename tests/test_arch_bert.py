@@ -16,7 +16,9 @@ Tolerances (max |llama.cpp - transformers| / std of the reference vector, and co
   - f32: 2e-3 and 0.99999; measured 4e-4..1.1e-3 (1 - cosine <= 1e-7). ggml evaluates GELU through
     a float16 table (inputs and outputs rounded to 11 bits), which bounds the agreement near 1e-3:
     against transformers with the tanh form of GELU the error is the same, so the erf/tanh
-    difference is not what limits it. The tensors are bit-identical to llama.cpp's converter's.
+    difference is not what limits it. With ggml's table patched into transformers
+    (tests/ggml_activations.py) the issue's 1e-3 holds: measured 8e-7..4e-4 (1 - cosine <= 1.2e-8).
+    The tensors are bit-identical to llama.cpp's converter's.
   - f16: 6e-3 and 0.99999; measured 1.2e-3..3e-3 (1 - cosine <= 5e-7): weights rounded to 11 bits.
   - q8_0: 0.15 and 0.999; measured 3e-2..7.5e-2 (1 - cosine <= 4e-4): 8-bit weights through three
     post-norm layers whose weights are redrawn large; a single CLS vector moves more than a mean.
@@ -33,6 +35,7 @@ import pytest
 
 import ggufsmith
 from ggufsmith.constants import PoolingType
+from tests.ggml_activations import use_ggml_gelu
 from tests.bert_models import (
     build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
 )
@@ -144,6 +147,35 @@ def test_pooled_embeddings_match_transformers(converted, reference, kind, outtyp
         cosine = float(got @ expected / np.linalg.norm(got))
         print(f"{kind} {outtype}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}  ({text[:20]!r})")
         assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+
+
+@pytest.fixture(scope="session")
+def reference_with_ggml_gelu(model_dirs) -> dict[str, list[np.ndarray]]:
+    """kind -> per sentence: the last hidden state of transformers' model with ggml's float16-table
+    GELU patched in (tests/ggml_activations.py): the reference without llama.cpp's activation rounding."""
+    out = {}
+    for kind, model_dir in model_dirs.items():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+        model = transformers.AutoModel.from_pretrained(model_dir).eval()
+        assert use_ggml_gelu(model) == 3  # one per layer
+        with torch.no_grad():
+            out[kind] = [model(torch.tensor([tokenizer(text)["input_ids"]])).last_hidden_state[0].double().numpy()
+                         for text in SENTENCES]
+    return out
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_f32_embeddings_are_exact_up_to_ggml_gelu(converted, reference_with_ggml_gelu, kind):
+    """The issue's f32 bound (1e-3 of the std, cosine 0.99999) holds against transformers with ggml's
+    GELU rounding patched in: the 2e-3 of the plain comparison above is llama.cpp's activation
+    table, not the conversion."""
+    for text, got, hidden in zip(SENTENCES, llama_embeddings(converted(kind, "f32"), SENTENCES),
+                                 reference_with_ggml_gelu[kind]):
+        expected = pooled(hidden, MODELS[kind]["pooling"])
+        error = np.abs(got - expected).max() / expected.std()
+        cosine = float(got @ expected / np.linalg.norm(got))
+        print(f"{kind} f32 vs ggml-GELU reference: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
+        assert error <= 1e-3 and cosine >= 0.99999, (text, error, cosine)
 
 
 @pytest.mark.parametrize("kind", MODELS)

@@ -305,6 +305,7 @@ def test_hf_repo_ids_come_from_the_local_cache_never_downloaded(models, tmp_path
     expected = tmp_path / "expected.gguf"
     ggufsmith.convert(snapshot, expected, "q8_0")  # what `convert` makes of the cached snapshot folder
     assert ok.status == "done" and Path(ok.file).read_bytes() == expected.read_bytes()
+    assert Path(ok.file).name.startswith("Llama-A-"), ok.file  # named after the repository, not the commit
     assert missing.status == "failed" and "someorg/not-cached: not in the local Hugging Face cache" in missing.error
 
 

@@ -328,7 +328,7 @@ def convert(
     elif outtype.lower() != AUTO_OUTTYPE:
         outtype_of(outtype)  # reject a bad type before opening anything
     with open_checkpoint(src) as checkpoint:
-        checkpoint.repo_id = repo_id
+        checkpoint.repo_id = repo_id or checkpoint.repo_id  # a snapshot given by path: open_checkpoint named it
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
                          metadata_overrides=overrides)

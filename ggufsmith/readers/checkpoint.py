@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.hub import repo_id_of_cached_folder
 from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.readers.quantized import decode_quantized
@@ -58,6 +59,7 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     config = HFConfig.from_dir(model_dir)
     files, weight_map = _weight_files(model_dir)
     checkpoint = Checkpoint(model_dir, config, {}, files)
+    checkpoint.repo_id = repo_id_of_cached_folder(model_dir)
     file_of: dict[str, Path] = {}  # tensor name -> the file it was read from
     try:
         for path in files:

@@ -33,6 +33,19 @@ def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, st
     return snapshot_folder(str(src), download=download), str(src)
 
 
+def repo_id_of_cached_folder(model_dir: Path) -> str | None:
+    """"Org/Model" when `model_dir` is a snapshot in a Hugging Face cache (models--Org--Model/
+    snapshots/<commit>), so that a model found there by path, or by a batch plan's repo id, is named
+    after its repository rather than after a commit hash; else None. The Hub forbids "--" in ids,
+    so the folder name splits back unambiguously."""
+    model_dir = Path(model_dir).resolve()
+    repo_folder = model_dir.parent.parent
+    if model_dir.parent.name != "snapshots" or not repo_folder.name.startswith("models--"):
+        return None
+    repo_id = "/".join(repo_folder.name[len("models--"):].split("--"))
+    return repo_id if _REPO_ID.fullmatch(repo_id) or "/" not in repo_id else None
+
+
 def snapshot_folder(repo_id: str, revision: str | None = None, *, download: bool = False) -> Path:
     """The folder of `repo_id`'s snapshot (at `revision`, default the main branch) in the local
     Hugging Face cache, fetched into it first only with `download`; ConversionError naming the id."""
