@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 from tests.test_arch_bert import BERT_KEY_DIFFERENCES, XLMR_KEY_DIFFERENCES
 
@@ -72,16 +72,7 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rerank_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("rerank_gguf"))
 
 
 def rerank_ids(llm, query: str, document: str) -> list[int]:

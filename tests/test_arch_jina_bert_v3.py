@@ -28,6 +28,7 @@ import pytest
 import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import JINA_TASKS, build_jina_v3, jina_v3_as_published, train_xlmr_unigram
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 from tests.test_arch_bert import SENTENCES, TOKEN_TOLERANCE, XLMR_KEY_DIFFERENCES, llama_embeddings, pooled
 
@@ -65,16 +66,7 @@ def reference(model_dirs) -> list[tuple[list[int], np.ndarray]]:
 
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("jina_v3_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("jina_v3_gguf"))
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

@@ -5,14 +5,12 @@ tests/damaged_inputs.py)."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.numpy import load_file, save_file
 
 from tests.bert_models import build_bert, build_jina_v3, jina_v3_as_published, train_wordpiece, train_xlmr_unigram
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config, edit_safetensors
 
 pytest.importorskip("transformers")
 
@@ -29,27 +27,19 @@ def originals(tmp_path_factory) -> dict[str, Path]:
 
 
 def _config(**changes):
-    def damage(model_dir: Path) -> None:
-        path = model_dir / "config.json"
-        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-    return damage
+    return lambda model_dir: edit_config(model_dir, **changes)
 
 
 def _without_config_key(key: str):
     def damage(model_dir: Path) -> None:
-        path = model_dir / "config.json"
-        config = json.loads(path.read_text())
+        config = json.loads((model_dir / "config.json").read_text())
         del config[key]
-        path.write_text(json.dumps(config))
+        (model_dir / "config.json").write_text(json.dumps(config))
     return damage
 
 
 def _without_tensors(*names: str):
-    def damage(model_dir: Path) -> None:
-        path = model_dir / "model.safetensors"
-        tensors = {k: v for k, v in load_file(path).items() if k not in names}
-        save_file(tensors, path, metadata={"format": "pt"})
-    return damage
+    return lambda model_dir: edit_safetensors(model_dir, lambda tensors: [tensors.pop(name) for name in names])
 
 
 # (folder, damage, culprit named in the error)
@@ -74,8 +64,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

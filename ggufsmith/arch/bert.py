@@ -98,7 +98,8 @@ def output_labels(config: HFConfig) -> list[str]:
 def is_jina_v3(config: HFConfig) -> bool:
     """jina-embeddings-v3 as jina publishes it for its own code: an XLMRobertaModel config with
     rotary positions and task adapters, which the jina-bert-v3 plugin converts."""
-    return "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary"
+    return "XLMRobertaModel" in config.architectures and (
+        "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary")
 
 
 class Bert(Architecture):

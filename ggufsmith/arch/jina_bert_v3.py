@@ -57,8 +57,7 @@ class JinaBertV3(Bert):
 
     @classmethod
     def claims(cls, config: HFConfig) -> bool:
-        return any(a in cls.hf_classes for a in config.architectures) or (
-            "XLMRobertaModel" in config.architectures and is_jina_v3(config))
+        return any(a in cls.hf_classes for a in config.architectures) or is_jina_v3(config)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
