@@ -41,7 +41,8 @@ _PARAMETRIZED = ".parametrizations.weight.original"  # jina's published name of 
 
 class JinaBertV3(Bert):
     name = "jina-bert-v3"
-    hf_classes = ("JinaEmbeddingsV3Model",)
+    # XLMRobertaLoRA: jina's own class, in the config of a copy saved from its remote code
+    hf_classes = ("JinaEmbeddingsV3Model", "XLMRobertaLoRA")
     model_types = ("jina_embeddings_v3",)
     tensor_names = {f"{prefix}{hf}": entry for prefix in ("roberta.", "") for hf, entry in _NAMES.items()} | {
         f"{prefix}{hf[:-len('.weight')]}{_PARAMETRIZED}": entry
