@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tests.tokenizer_helpers import training_text
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -87,19 +89,18 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
     torch.manual_seed(seed)
     family = "XLMRoberta" if xlmr else "Roberta" if roberta else "Bert"
     head = "ForSequenceClassification" if labels else "ForMaskedLM" if masked_lm else "Model"
-    model = getattr(transformers, family + head)(config).eval()
-    redraw_weights(model)
+    model = redraw_weights(getattr(transformers, family + head)(config).eval())
     model.save_pretrained(model_dir)
     return model_dir
 
 
-def redraw_weights(model) -> None:
-    """Every parameter redrawn at a scale that makes each layer matter (see the module docstring)."""
+def redraw_weights(model):
+    """Every parameter redrawn large (see the module's docstring); returns the model."""
     import torch
 
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm.weight" in name or "layernorm.weight" in name:
+            if "layernorm.weight" in name.lower():
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif param.dim() == 1:
                 param.copy_(0.2 * torch.randn_like(param))
@@ -212,3 +213,34 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
     (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
     tokenizer.save_pretrained(model_dir)
     return tokenizer
+
+
+# -- what the embedding tests compare ------------------------------------------------------------
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
+    "我们今天去公园散步，天气很好。",
+    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
+    "Привет, как дела? Москва — столица России.",
+]
+
+
+def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
+    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+    return vector / np.linalg.norm(vector)
+
+
+def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
+    """One pooled, L2-normalized vector per text with the file's pooling; with
+    pooling_type=NONE, every token's state as it is."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
+                          verbose=False, **options)
+    try:
+        return [np.asarray(llm.embed(text, normalize=options.get("pooling_type") is None), dtype=np.float64)
+                for text in texts]
+    finally:
+        llm.close()

@@ -36,7 +36,8 @@ import pytest
 from ggufsmith.constants import PoolingType
 from tests.ggml_activations import use_ggml_gelu
 from tests.bert_models import (
-    build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
+    SENTENCES, build_bert, llama_embeddings, pooled, train_roberta_bpe, train_wordpiece, train_xlmr_unigram,
+    write_sentence_transformers_modules,
 )
 from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
@@ -60,13 +61,6 @@ OUTTYPES = ("f32", "f16", "q8_0")
 # Per-token f32 states: the max over every component of every token (measured 1.2e-3..2.1e-3).
 TOKEN_TOLERANCE = 3e-3
 TOLERANCE = {"f32": (2e-3, 0.99999), "f16": (6e-3, 0.99999), "q8_0": (0.15, 0.999)}  # (max err / std, cosine)
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
-    "我们今天去公园散步，天气很好。",
-    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
-    "Привет, как дела? Москва — столица России.",
-]
 
 
 @pytest.fixture(scope="session")
@@ -104,27 +98,9 @@ def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
     return out
 
 
-def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
-    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
-    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
-    return vector / np.linalg.norm(vector)
-
-
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
     return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("bert_gguf"))
-
-
-def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
-    """One pooled, L2-normalized vector per text with the file's pooling; with
-    pooling_type=NONE, every token's state as it is."""
-    llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
-                          verbose=False, **options)
-    try:
-        return [np.asarray(llm.embed(text, normalize=options.get("pooling_type") is None), dtype=np.float64)
-                for text in texts]
-    finally:
-        llm.close()
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

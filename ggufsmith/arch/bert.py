@@ -30,10 +30,11 @@ from ggufsmith.constants import GGUFValueType, Keys, PoolingType, arch_key
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder
 
 # Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
 # approximation differ by less than the float16 table llama.cpp evaluates GELU through).
-_GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
+GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
 
 
 def layer_norm(hf: str, gguf: str) -> dict[str, T]:
@@ -43,7 +44,7 @@ def layer_norm(hf: str, gguf: str) -> dict[str, T]:
 
 
 def linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
-    """A dense layer; llama.cpp loads every bert bias as optional."""
+    """A dense layer; llama.cpp loads every bert-family bias as optional."""
     return {f"{hf}.weight": T(f"{gguf}.weight", rows, columns), f"{hf}.bias": T(f"{gguf}.bias", rows, optional=True)}
 
 
@@ -102,6 +103,28 @@ def is_jina_v3(config: HFConfig) -> bool:
         "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary")
 
 
+def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks: int,
+                 context: int, embd: int, ff: int, heads: int, eps: float, token_types: int,
+                 pooling: PoolingType | None = None) -> Metadata:
+    """The keys llama.cpp's bert-family encoders read (nomic-bert's too): sizes, the layer-norm
+    epsilon, bidirectional attention, the pooling (`pooling`, else the sentence-transformers
+    folder's), the token-type count."""
+    metadata = Metadata()
+    keys = ArchKeys(metadata, arch)
+    keys.u32(Keys.LLM.BLOCK_COUNT, blocks)
+    keys.u32(Keys.LLM.CONTEXT_LENGTH, context)
+    keys.u32(Keys.LLM.EMBEDDING_LENGTH, embd)
+    keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, ff)
+    keys.u32(Keys.Attention.HEAD_COUNT, heads)
+    keys.f32(Keys.Attention.LAYERNORM_EPS, eps)
+    keys.bool(Keys.Attention.CAUSAL, False)
+    pooling = pooling or (folder.pooling if folder else None)
+    keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
+    # A model key under the tokenizer's name: llama.cpp refuses a bert-family file without it.
+    metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, token_types)
+    return metadata
+
+
 class Bert(Architecture):
     name = "bert"
     hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", *_CLASSIFIERS)
@@ -129,7 +152,7 @@ class Bert(Architecture):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
-        reject(c, c.get_str("hidden_act") not in _GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
+        reject(c, c.get_str("hidden_act") not in GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
         reject(c, c.get_str("position_embedding_type") != self.position_embedding,
                f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not {self.position_embedding})")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
@@ -157,23 +180,16 @@ class Bert(Architecture):
 
     def metadata(self) -> Metadata:
         c = self.config
-        metadata = Metadata()
-        keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1) - self.position_offset)
-        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
-        keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", min=0))
-        keys.bool(Keys.Attention.CAUSAL, False)
-        pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-        if self.labels:  # the classification head runs in llama.cpp's rank pooling only
-            pooling = PoolingType.RANK
+        pooling = PoolingType.RANK if self.labels else None  # a classification head runs in rank pooling only
+        metadata = encoder_keys(self.name, self.sentence_transformers, pooling=pooling,
+                                blocks=c.get_int("num_hidden_layers", min=1),
+                                context=c.get_int("max_position_embeddings", min=1) - self.position_offset,
+                                embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
+                                heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("layer_norm_eps", min=0),
+                                token_types=self.dims()["n_token_types"].value)
+        if self.labels:
             metadata.add_array(arch_key(Keys.LLM.CLASSIFIER_OUTPUT_LABELS, self.name), self.labels,
                                GGUFValueType.STRING)
-        keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
-        # A model key under the tokenizer's name: llama.cpp refuses a bert file without it.
-        metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"].value)
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

@@ -12,7 +12,7 @@ import re
 import time
 from contextlib import contextmanager
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
 from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.errors import BatchError, GgufsmithError, one_line
+from ggufsmith.logs import WarningLines
 
 G = Keys.General
 
@@ -38,6 +39,7 @@ class OutputResult:
     seconds: float = 0.0
     sha256: str | None = None
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)  # the source's warnings (ggufsmith's logger), each once
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +81,18 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
                threads: int | None = None) -> list[OutputResult]:
     """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
     workers (default: every core); one result per outtype. `on_progress(n)`: n more outputs' worth
-    of bytes written (fractions of files, for a live bar)."""
+    of bytes written (fractions of files, for a live bar). Warnings of the conversion are kept in
+    the results (`warnings`), labelled by their source in the report, instead of reaching stderr
+    unlabelled from whichever worker process made them."""
+    with _collected_warnings() as warnings:
+        results = _run_source(spec, force=force, on_progress=on_progress, threads=threads)
+    for result in results:
+        result.warnings = list(dict.fromkeys(warnings))
+    return results
+
+
+def _run_source(spec: SourceSpec, *, force: bool, on_progress: Callable[[float], None] | None,
+                threads: int | None) -> list[OutputResult]:
     from ggufsmith.converters.fanout import write_plans
     from ggufsmith.gguf_writer.output import folder_files, remove_dead_temp_files
     from ggufsmith.readers.checkpoint import open_checkpoint
@@ -133,6 +146,20 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
         seconds = time.monotonic() - started
         return [OutputResult(spec.label, o, str(files[o]) if o in files else None, "failed", seconds=seconds,
                              error=one_line(e)) for o in spec.outtypes]
+
+
+@contextmanager
+def _collected_warnings():
+    """The ggufsmith logger's warnings while the block runs, taken from its other handlers (the CLI's,
+    or none at all in a worker process, where they would go to stderr unlabelled)."""
+    logger = logging.getLogger("ggufsmith")
+    saved = logger.handlers[:], logger.propagate
+    collector = WarningLines()
+    logger.handlers, logger.propagate = [collector], False
+    try:
+        yield collector.lines
+    finally:
+        logger.handlers, logger.propagate = saved
 
 
 @contextmanager
