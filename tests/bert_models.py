@@ -108,6 +108,7 @@ def redraw_weights(model):
                 param.copy_(torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
+    return model
 
 
 def build_jina_v3(model_dir: Path, *, seed: int = 0, hidden_size: int = 64) -> Path:
