@@ -52,16 +52,16 @@ def write_vocab_txt_only(source_dir: Path, model_dir: Path, *, lowercase: bool) 
                                                                  "do_lower_case": lowercase}))
 
 
-def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_size: int) -> None:
-    """modules.json (Transformer at the root, Pooling, Normalize) and 1_Pooling/config.json."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
+def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_size: int, denses: int = 0) -> None:
+    """modules.json (Transformer at the root, Pooling, `denses` Dense modules 2_Dense, 3_Dense ...,
+    Normalize) and 1_Pooling/config.json; the Dense folders are the caller's."""
+    kinds = ["Transformer", "Pooling", *["Dense"] * denses, "Normalize"]
+    paths = ["", "1_Pooling", *[f"{i + 2}_Dense" for i in range(denses)], f"{denses + 2}_Normalize"]
+    modules = [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+               for i, (kind, path) in enumerate(zip(kinds, paths))]
     (model_dir / "modules.json").write_text(json.dumps(modules, indent=1))
     (model_dir / "1_Pooling").mkdir(exist_ok=True)
-    (model_dir / "2_Normalize").mkdir(exist_ok=True)
+    (model_dir / paths[-1]).mkdir(exist_ok=True)
     config = {"word_embedding_dimension": hidden_size, **{flag: False for flag in POOLING_FLAGS.values()}}
     config[POOLING_FLAGS[pooling]] = True
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))

@@ -62,12 +62,14 @@ def hf_logits(model_dir: Path, model_class: str, token_ids: list[int]) -> np.nda
         return model(torch.tensor([token_ids])).logits[0].float().numpy()
 
 
-def llamacpp_logits(gguf_path: Path, token_ids: list[int]) -> np.ndarray:
-    """llama.cpp's logits for every position, F32 KV cache, so that only the weights' type differs."""
+def llamacpp_logits(gguf_path: Path, token_ids: list[int], lora_path: Path | None = None) -> np.ndarray:
+    """llama.cpp's logits for every position, F32 KV cache, so that only the weights' type differs;
+    with `lora_path`, the GGUF adapter applied at scale 1."""
     import llama_cpp
 
+    adapter = {} if lora_path is None else dict(lora_path=str(lora_path), lora_scale=1.0)
     llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
-                          type_k=0, type_v=0)
+                          type_k=0, type_v=0, **adapter)
     try:
         llm.eval(token_ids)
         return np.array(llm.scores[: len(token_ids)], dtype=np.float32)

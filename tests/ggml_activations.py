@@ -23,8 +23,9 @@ def ggml_gelu(x):
     return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, table))
 
 
-def use_ggml_gelu(model) -> int:
-    """Replace the GELU of every BERT-style intermediate block in `model` by ggml's; returns how
+def use_ggml_gelu(model, attribute: str = "intermediate_act_fn") -> int:
+    """Replace the GELU that every MLP block of `model` keeps as `attribute` (BERT's intermediate
+    blocks: intermediate_act_fn; ModernBERT's MLP: act; Gemma's MLP: act_fn) by ggml's; returns how
     many were replaced (a test asserts it is not zero, so a renamed attribute cannot pass silently)."""
     import torch
 
@@ -32,7 +33,8 @@ def use_ggml_gelu(model) -> int:
         def forward(self, x):
             return ggml_gelu(x)
 
-    blocks = [module for module in model.modules() if hasattr(module, "intermediate_act_fn")]
+    blocks = [module for module in model.modules() if type(module).__name__.endswith(("MLP", "Intermediate"))
+              and hasattr(module, attribute)]
     for module in blocks:
-        module.intermediate_act_fn = GgmlGelu()
+        setattr(module, attribute, GgmlGelu())
     return len(blocks)

@@ -116,7 +116,7 @@ def _run_source(spec: SourceSpec, *, force: bool, on_progress: Callable[[float],
             for outtype in todo:
                 state.forget(files[outtype].name)
             if todo:
-                inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
+                inputs = folder_files(model_dir) + checkpoint.files + [p for p in (spec.imatrix, spec.metadata) if p]
                 total = max(1, sum(plans[o].total_bytes for o in todo))
                 on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
                 rule = SplitRule(spec.split_max_size, spec.split_max_tensors)
@@ -175,6 +175,7 @@ def _warnings_said_once():
 
 def _make_plan(checkpoint, spec: SourceSpec, outtype: str):
     from ggufsmith.cli.quantize import build_request
+    from ggufsmith.converters.general_metadata import read_metadata_overrides
     from ggufsmith.converters.pipeline import make_plan
     from ggufsmith.converters.plan import is_preset_outtype
 
@@ -183,7 +184,9 @@ def _make_plan(checkpoint, spec: SourceSpec, outtype: str):
         args = quantize_args(spec.options)
         args.imatrix = str(spec.imatrix) if spec.imatrix is not None else None
         request = build_request(outtype, args)
-    return make_plan(checkpoint, outtype, spec.arch, model_name=spec.model_name, quantize_request=request)
+    overrides = read_metadata_overrides(spec.metadata) if spec.metadata is not None else None
+    return make_plan(checkpoint, outtype, spec.arch, model_name=spec.model_name, quantize_request=request,
+                     metadata_overrides=overrides)
 
 
 def _check_distinct(spec: SourceSpec, files: dict[str, Path]) -> None:

@@ -38,6 +38,7 @@ from ggufsmith.logs import WarningLines
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufsmith.cli.convert", "convert a Hugging Face model folder to a GGUF file"),
+    "convert-lora": ("ggufsmith.cli.convert_lora", "convert a PEFT LoRA adapter to a GGUF adapter file llama.cpp applies"),
     "quantize": ("ggufsmith.cli.quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
     "imatrix": ("ggufsmith.cli.imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
     "batch": ("ggufsmith.cli.batch", "convert many models to many types from a plan file, each source read once; locally or on Ray"),
