@@ -27,10 +27,13 @@ import pytest
 
 import ggufsmith
 from ggufsmith.constants import PoolingType
-from tests.bert_models import JINA_TASKS, build_jina_v3, jina_v3_as_published, train_xlmr_unigram
+from tests.bert_models import (
+    JINA_TASKS, SENTENCES, build_jina_v3, jina_v3_as_published, llama_embeddings, pooled, train_xlmr_unigram,
+)
 from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
-from tests.test_arch_bert import SENTENCES, TOKEN_TOLERANCE, XLMR_KEY_DIFFERENCES, llama_embeddings, pooled
+from tests.test_arch_bert import TOKEN_TOLERANCE, XLMR_KEY_DIFFERENCES
+from tests.test_arch_embedding_models import token_states
 
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
@@ -53,15 +56,8 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def reference(model_dirs) -> list[tuple[list[int], np.ndarray]]:
     """Per sentence: transformers' token ids and JinaEmbeddingsV3Model's last hidden state."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dirs["native"])
-    model = transformers.AutoModel.from_pretrained(model_dirs["native"]).eval()
-    assert type(model).__name__ == "JinaEmbeddingsV3Model"
-    rows = []
-    for text in SENTENCES:
-        ids = tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
-    return rows
+    assert transformers.AutoConfig.from_pretrained(model_dirs["native"]).architectures == ["JinaEmbeddingsV3Model"]
+    return token_states(model_dirs["native"])
 
 
 @pytest.fixture(scope="session")
