@@ -21,9 +21,10 @@ def run(args: argparse.Namespace) -> int:
     from ggufsmith.cli.quantize import show_progress, split_rule
     from ggufsmith.converters.split_files import split_gguf
 
-    paths = split_gguf(args.src, args.prefix, split_rule(args), dry_run=args.dry_run, progress=show_progress(args),
+    parts = split_gguf(args.src, args.prefix, split_rule(args), dry_run=args.dry_run, progress=show_progress(args),
                        force=args.force)
     if args.dry_run or not args.quiet:
         verb = "would write" if args.dry_run else "wrote"
-        print(f"{verb} {len(paths)} parts: {', '.join(str(p) for p in paths)}", file=sys.stderr)
+        listed = ", ".join(f"{p.path} ({p.tensors} tensors, {p.tensor_bytes} bytes)" for p in parts)
+        print(f"{verb} {len(parts)} parts: {listed}", file=sys.stderr)
     return 0
