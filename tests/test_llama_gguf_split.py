@@ -105,6 +105,8 @@ def keys_and_tensors(path: Path) -> tuple[list[tuple[str, str, object]], list[tu
     ("q4_k_m", ("--split-max-tensors", "2")),  # (the Q4_K_M file is under 1M, llama-gguf-split's smallest size unit)
     ("many", ("--split-max-tensors", "7")),
     ("many", ("--split-max-size", "1M")),
+    ("f16", ("--split-max-tensors", "5", "--no-tensor-first-split")),  # a first part of metadata, padded
+    ("many", ("--split-max-size", "1M", "--no-tensor-first-split")),
 ])
 def test_split_writes_llama_gguf_splits_parts(llama_gguf_split, models, tmp_path, model, option):
     theirs = theirs_split(llama_gguf_split, models[model], tmp_path / "theirs", *option)
@@ -114,6 +116,8 @@ def test_split_writes_llama_gguf_splits_parts(llama_gguf_split, models, tmp_path
         assert mine.read_bytes() == other.read_bytes(), mine.name
     if option[1] != "1000":
         assert len(ours) > 2
+    if "--no-tensor-first-split" in option:
+        assert keys_and_tensors(ours[0])[1] == [] and all(keys_and_tensors(p)[1] for p in ours[1:])
 
 
 def test_split_sizes_are_powers_of_1000_as_llama_gguf_split_reads_them(llama_gguf_split, models, tmp_path):
@@ -172,13 +176,15 @@ def test_parts_of_llama_gguf_split_are_inspected_requantized_and_merged(llama_gg
     assert (tmp_path / "merged.gguf").read_bytes() == single.read_bytes()
 
 
-@pytest.mark.parametrize("how", ["ggufsmith split", "convert --split-max-tensors"])
+@pytest.mark.parametrize("how", ["ggufsmith split", "ggufsmith split --no-tensor-first-split",
+                                 "convert --split-max-tensors"])
 def test_our_parts_merged_by_llama_gguf_split_run_as_the_single_file(llama_gguf_split, models, tmp_path, how):
-    """Parts of `ggufsmith split` (llama-gguf-split's key order) and of `convert` (gguf-py's order):
-    llama-gguf-split merges both into the model, with the single file's tensors and logits."""
+    """Parts of `ggufsmith split` (llama-gguf-split's key order) and of `convert` (gguf-py's order)
+    run in llama.cpp as the single file, and llama-gguf-split merges them into the model, with the
+    single file's tensors and logits."""
     single = models["f16"]
-    if how == "ggufsmith split":
-        parts = ours_split(single, tmp_path / "ours", "--split-max-tensors", "6")
+    if how.startswith("ggufsmith split"):
+        parts = ours_split(single, tmp_path / "ours", "--split-max-tensors", "6", *how.split()[2:])
     else:
         (tmp_path / "ours").mkdir()
         proc = run_cli("convert", EXAMPLE, tmp_path / "ours" / "m.gguf", "--outtype", "f16",
@@ -186,13 +192,15 @@ def test_our_parts_merged_by_llama_gguf_split_run_as_the_single_file(llama_gguf_
         assert proc.returncode == 0, proc.stderr
         parts = parts_of(tmp_path / "ours")
     assert len(parts) > 2
+    single_logits = llamacpp_logits(single, IDS)
+    np.testing.assert_array_equal(llamacpp_logits(parts[0], IDS), single_logits)
     merged = tmp_path / "merged.gguf"
     run_gguf_split(llama_gguf_split, "--merge", parts[0], merged)
     merged_keys, merged_tensors = keys_and_tensors(merged)
     single_keys, single_tensors = keys_and_tensors(single)
     assert merged_tensors == single_tensors
     assert [k for k in merged_keys if k[0] not in SPLIT_KEYS] == single_keys
-    np.testing.assert_array_equal(llamacpp_logits(merged, IDS), llamacpp_logits(single, IDS))
+    np.testing.assert_array_equal(llamacpp_logits(merged, IDS), single_logits)
 
 
 def test_dry_run_names_the_parts_llama_gguf_split_plans(llama_gguf_split, models, tmp_path):

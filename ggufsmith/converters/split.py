@@ -94,14 +94,18 @@ def without_split_keys(metadata: Metadata) -> Metadata:
     return copy
 
 
-def split_plan(plan: ConversionPlan, dst: str | Path, rule: SplitRule, *,
-               like_llama_gguf_split: bool = False) -> list[tuple[Path, ConversionPlan]]:
+def split_plan(plan: ConversionPlan, dst: str | Path, rule: SplitRule, *, like_llama_gguf_split: bool = False,
+               metadata_only_first_part: bool = False) -> list[tuple[Path, ConversionPlan]]:
     """The files of `plan` cut by `rule`: [(path, plan of that part)]. A model that fits one part
     is written to `dst` as one file without split keys (as convert_hf_to_gguf.py does), unless
     `like_llama_gguf_split`: then always named parts (DST-00001-of-00001.gguf, with the keys), the
-    keys in llama-gguf-split's order."""
+    keys in llama-gguf-split's order. `metadata_only_first_part` (llama-gguf-split
+    --no-tensor-first-split): a first part with the metadata and no tensor, before the others
+    (its metadata can then be edited without rewriting any tensor)."""
     alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
     groups = rule.groups([align_offset(t.nbytes, alignment) for t in plan.tensors])
+    if metadata_only_first_part:
+        groups.insert(0, [])
     if len(groups) == 1 and not like_llama_gguf_split:
         return [(Path(dst), plan)]
     return part_plans(plan, dst, [[plan.tensors[i] for i in group] for group in groups],

@@ -32,16 +32,18 @@ class SplitPart(NamedTuple):
     tensor_bytes: int  # the tensors' data, without padding or metadata
 
 
-def split_gguf(src: str | Path, prefix: str | Path, rule: SplitRule, *, dry_run: bool = False,
-               progress: bool = False, force: bool = False) -> list[SplitPart]:
+def split_gguf(src: str | Path, prefix: str | Path, rule: SplitRule, *, metadata_only_first_part: bool = False,
+               dry_run: bool = False, progress: bool = False, force: bool = False) -> list[SplitPart]:
     """Cut the model `src` (one file, or the first part of a split one) into parts PREFIX-0000i-of-0000n.gguf
-    by `rule`; returns what each holds. They appear together once all are complete."""
+    by `rule`; returns what each holds. They appear together once all are complete.
+    `metadata_only_first_part`: the first part has the metadata and no tensor (--no-tensor-first-split)."""
     if not rule.active:
         raise ConversionError("give --split-max-size N[K|M|G] or --split-max-tensors N")
     src = Path(src)
     with open_gguf_model(src) as model:
         inputs = _inputs(src, model.n_splits)
-        parts = split_plan(stored_plan(model), prefix, rule, like_llama_gguf_split=True)
+        parts = split_plan(stored_plan(model), prefix, rule, like_llama_gguf_split=True,
+                           metadata_only_first_part=metadata_only_first_part)
         for path, _ in parts:
             check_target(path, inputs, force=force)
         if not dry_run:
