@@ -134,14 +134,9 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
             shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
             x_tile = x[:, tile]
             start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
-            terms = np.multiply(x_tile, x_tile, out=scratch("q3.terms", shape))
-            terms *= x_tile
-            terms *= start_levels
-            sum_lx[tile] = sum_from_zero(terms)
-            np.multiply(x_tile, x_tile, out=terms)
-            terms *= start_levels
-            terms *= start_levels
-            sum_l2[tile] = sum_from_zero(terms)
+            terms_lx, terms_l2 = _terms(x_tile, start_levels, scratch("q3.terms_lx", shape), scratch("q3.terms_l2", shape))
+            sum_lx[tile] = sum_from_zero(terms_lx)
+            sum_l2[tile] = sum_from_zero(terms_l2)
         # Only groups whose largest value is negative can move (see _Q3Moves).
         movers = np.flatnonzero(iscale > 0)
         moves = None
@@ -166,6 +161,17 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
         return out
 
     return scale, levels_of
+
+
+def _terms(x: np.ndarray, levels: np.ndarray, out_lx: np.ndarray, out_l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's terms w*x*L and w*L*L with w = x*x, in its order of operations ((w*x)*L and
+    (w*L)*L), w computed once."""
+    weight = np.multiply(x, x, out=out_l2)
+    np.multiply(weight, x, out=out_lx)
+    out_lx *= levels
+    weight *= levels
+    weight *= levels
+    return out_lx, out_l2
 
 
 def _first_of_runs(keys: np.ndarray) -> np.ndarray:
@@ -216,12 +222,7 @@ class _Q3Moves:
         x, start_levels, terms_lx, terms_l2 = self.state
         np.take(by_group, movers, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
         _clamped_levels(iscale[movers, None], x, nmax, finite=True, out=start_levels)
-        np.multiply(x, x, out=terms_lx)
-        terms_lx *= x
-        terms_lx *= start_levels
-        np.multiply(x, x, out=terms_l2)
-        terms_l2 *= start_levels
-        terms_l2 *= start_levels
+        _terms(x, start_levels, terms_lx, terms_l2)
         self.sums = scratch("q3.sums.0", (2, n_movers))
         np.take(sum_lx, movers, out=self.sums[0])
         np.take(sum_l2, movers, out=self.sums[1])
