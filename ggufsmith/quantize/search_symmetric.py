@@ -254,9 +254,9 @@ class _Q3Moves:
         proposal = np.multiply(state[self.X], sl2, out=scratch("q3.proposal", shape))
         proposal /= slx
         round_clamped(proposal, self.nmax)
-        considered = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.considered", shape, bool))
-        considered &= np.greater(slx, 0, out=scratch("q3.positive", shape, bool))
-        flat = np.flatnonzero(considered)  # ordered by group, then position
+        changed = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.changed", shape, bool))
+        flat = np.flatnonzero(changed)  # ordered by group, then position
+        flat = flat[slx.reshape(-1)[flat] > 0]  # rarely false for these groups: tested on the few
         row, position = np.divmod(flat, n)
         # ggml: slx += w*x*new; sl2 += w*new*new; accept if sl2 > 0 && slx^2 * suml2 > sumlx^2 * sl2
         x = state[self.X].reshape(-1)[flat]
