@@ -256,7 +256,7 @@ class _Q3Moves:
         round_clamped(proposal, self.nmax)
         changed = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.changed", shape, bool))
         flat = np.flatnonzero(changed)  # ordered by group, then position
-        flat = flat[slx.reshape(-1)[flat] > 0]  # rarely false for these groups: tested on the few
+        flat = flat[slx.reshape(-1)[flat] > 0]  # ggml tests slx first; cheaper on these few
         row, position = np.divmod(flat, n)
         # ggml: slx += w*x*new; sl2 += w*new*new; accept if sl2 > 0 && slx^2 * suml2 > sumlx^2 * sl2
         x = state[self.X].reshape(-1)[flat]
