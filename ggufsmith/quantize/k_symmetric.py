@@ -181,9 +181,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
 
     out = np.empty((n_blocks, Q3_K_BYTES), dtype=np.uint8)
     _pack_q3_k_levels(levels, out)
-    out[:, 96:104] = (stored[:, :8] & 0x0F) | ((stored[:, 8:] & 0x0F) << 4)
-    top = (stored >> 4).reshape(n_blocks, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
-    out[:, 104:108] = np.bitwise_or.reduce(top, axis=1)
+    _pack_q3_k_scales(stored, out)
     out[:, 108:] = d_bytes
     return out.reshape(rows.shape[0], -1)
 
@@ -192,6 +190,26 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
 # that byte, so one operation does the work of eight uint8 ones (5x faster than on the bytes).
 _BYTES_BIT_0 = np.uint64(0x0101010101010101)
 _BYTES_BITS_0_1 = np.uint64(0x0303030303030303)
+
+
+_BYTES_LOW_NIBBLE = np.uint64(0x0F0F0F0F0F0F0F0F)
+_BYTES_BITS_0_1_OF_4 = np.uint32(0x03030303)
+
+
+def _pack_q3_k_scales(stored: np.ndarray, out: np.ndarray) -> None:
+    """The 6-bit group scales (uint8 [blocks, 16], C-contiguous) into out[:, 96:108]: byte m
+    (0 .. 7) holds scale m's low 4 bits and scale m+8's in its high half; byte 8+m (0 .. 3) holds
+    bits 4-5 of scales m, 4+m, 8+m, 12+m at bits 0-1, 2-3, 4-5, 6-7. On lanes as in the levels'
+    packing below (a reduce over the middle axis of [blocks, 4, 4] was 8x slower)."""
+    halves = stored.view(np.uint64)  # [block, scales 0-7 | scales 8-15]
+    low = halves[:, 0] & _BYTES_LOW_NIBBLE
+    low |= (halves[:, 1] & _BYTES_LOW_NIBBLE) << np.uint64(4)
+    out[:, 96:104] = low.view(np.uint8).reshape(-1, 8)
+    quarters = (stored.view(np.uint32) >> np.uint32(4)) & _BYTES_BITS_0_1_OF_4  # [block, 4 scales each]
+    high = quarters[:, 0] | (quarters[:, 1] << np.uint32(2))
+    high |= quarters[:, 2] << np.uint32(4)
+    high |= quarters[:, 3] << np.uint32(6)
+    out[:, 104:108] = high.view(np.uint8).reshape(-1, 4)
 
 
 def _pack_q3_k_levels(levels: np.ndarray, out: np.ndarray) -> None:
