@@ -227,7 +227,11 @@ class _Q3Moves:
         np.take(sum_lx, movers, out=self.sums[0])
         np.take(sum_l2, movers, out=self.sums[1])
         # Every mover's levels and sums as they end, written through as it moves.
-        self.final_levels, self.final_sums = start_levels.copy(), self.sums.copy()
+        # (kept buffers: levels_of reads final_levels before the next chunk's search)
+        self.final_levels = scratch("q3.final_levels", start_levels.shape)
+        self.final_levels[...] = start_levels
+        self.final_sums = scratch("q3.final_sums", self.sums.shape)
+        self.final_sums[...] = self.sums
         self.group = scratch("q3.group.0", (3, n_movers), np.intp)
         self.group[self.MOVER] = np.arange(n_movers)
         self.group[self.SWEEP :] = 0
