@@ -31,6 +31,7 @@ from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, P
                                       guess_outtype, is_preset_outtype, outtype_of, plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.split import SplitRule, split_plan
+from ggufsmith.converters.task_adapters import task_adapter_plans
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -350,11 +351,18 @@ def convert(
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst
         parts = split_plan(plan, dst, split or SplitRule())
+        adapters = [] if vocab_only else task_adapter_plans(checkpoint, plan.architecture, dst)
         for path, _ in parts:
             check_target(path, inputs, force=force)
+        for adapter, path in adapters:
+            check_target(path, inputs + checkpoint.files, force=force)
+            if bigendian:
+                big_endian_plan(adapter)
         if not dry_run:
             from ggufsmith.converters.fanout import write_plans
 
             write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs + checkpoint.files,
                         force=force, threads=threads)
+            for job in adapters:  # one file at a time: the task adapters' tensors share names, not data
+                write_plans([job], progress=progress, inputs=inputs + checkpoint.files, force=force, threads=threads)
     return plan
