@@ -69,3 +69,24 @@ CASES = {
 def test_refused_in_one_line_and_nothing_written(published, tmp_path, damage, culprit):
     line = assert_convert_refused(published, tmp_path, damage, culprit)
     assert not list(tmp_path.glob("lora-*")), line
+
+
+def test_an_adapter_target_that_cannot_be_written_stops_everything(published, tmp_path):
+    """Each adapter file is a target checked like the model's, before anything is written: here a
+    folder stands where an adapter file would go."""
+    from tests.damaged_inputs import assert_clean_failure, run_cli
+
+    (tmp_path / "lora-separation-out.gguf").mkdir()
+    target = tmp_path / "out.gguf"
+    assert_clean_failure(run_cli("convert", published, target, "--outtype", "f32"), "lora-separation-out.gguf", target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lora-separation-out.gguf"]
+
+
+def test_dry_run_names_the_adapter_files_and_writes_nothing(published, tmp_path):
+    from tests.damaged_inputs import run_cli
+
+    proc = run_cli("convert", published, tmp_path / "out.gguf", "--outtype", "f32", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    for task in JINA_TASKS:
+        assert f"would write {tmp_path / f'lora-{task}-out.gguf'}" in proc.stdout
+    assert not list(tmp_path.iterdir())

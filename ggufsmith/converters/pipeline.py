@@ -352,6 +352,7 @@ def convert(
         plan.output = dst
         parts = split_plan(plan, dst, split or SplitRule())
         adapters = [] if vocab_only else task_adapter_plans(checkpoint, plan.architecture, dst)
+        plan.adapter_files = [path for _, path in adapters]
         for path, _ in parts:
             check_target(path, inputs, force=force)
         for adapter, path in adapters:
