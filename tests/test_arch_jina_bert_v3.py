@@ -20,8 +20,9 @@ Task adapters: the published folder's five task LoRA adapters (rank 4, alpha 1, 
 0.1 * N(0, 1)) are written as lora-<task>-<file>.gguf; each, applied by llama.cpp (lora_path) on
 the f32 model, gives the embeddings of transformers' JinaEmbeddingsV3Model with that task's
 adapter merged into its weights as jina's code applies it (tests/bert_models.py
-jina_v3_with_task), within the f32 tolerances above: measured 5.5e-4..7.7e-4 (1 - cosine <= 2.6e-8),
-against 0.15..0.23 without the adapter. llama.cpp's converter's own adapter files measure
+jina_v3_with_task), within the tolerances above: measured f32 5.5e-4..7.7e-4 (1 - cosine <= 2.6e-8),
+against 0.15..0.23 without the adapter; on the f16 model 1.5e-3..1.8e-3 (<= 1.7e-7), on the q8_0
+model 2.9e-2..3.5e-2 (<= 1.0e-4) (the adapters are F32 beside every type). llama.cpp's converter's own adapter files measure
 3.9e-3..5.8e-3 (1 - cosine up to 3.2e-6): llama.cpp never applies their token_types adapter, whose
 update ggufsmith carries in the token embeddings' adapter (converters/task_adapters.py), so they
 fail the f32 tolerance.
@@ -144,15 +145,16 @@ def worst_errors(model: Path, states, **options) -> tuple[float, float]:
     return max(errors), 1 - min(cosines)
 
 
+@pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("task", JINA_TASKS)
-def test_task_adapter_in_llama_cpp_gives_the_task_embeddings(converted, task_references, task):
-    max_error, min_cosine = TOLERANCE["f32"]
-    model = converted("published", "f32")
+def test_task_adapter_in_llama_cpp_gives_the_task_embeddings(converted, task_references, task, outtype):
+    max_error, min_cosine = TOLERANCE[outtype]
+    model = converted("published", outtype)
     error, distance = worst_errors(model, task_references[task], lora_path=str(adapter_file(model, task)))
-    print(f"jina-bert-v3 task {task} f32: max error / std {error:.1e}, 1 - cosine {distance:.1e}")
+    print(f"jina-bert-v3 task {task} {outtype}: max error / std {error:.1e}, 1 - cosine {distance:.1e}")
     assert error <= max_error and 1 - distance >= min_cosine, (error, distance)
-    # the adapter matters: without it the same model is far from the task's embeddings
-    assert worst_errors(model, task_references[task])[0] > 20 * max_error
+    if outtype == "f32":  # the adapter matters: without it the same model is far from the task's embeddings
+        assert worst_errors(model, task_references[task])[0] > 20 * max_error
 
 
 def test_task_adapters_are_f32_beside_every_outtype(converted):
