@@ -55,6 +55,7 @@ class JinaBertV3(Bert):
     config_defaults = {"type_vocab_size": 1, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
                        "position_embedding_type": "rotary"}
     position_embedding = "rotary"
+    has_output_head = False  # embeddings only: its task adapters may change the token embeddings
 
     @classmethod
     def claims(cls, config: HFConfig) -> bool:

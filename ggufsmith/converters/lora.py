@@ -246,9 +246,9 @@ def _refuse_unappliable(config_path: Path, plugin: Architecture, name: str, pair
 
 def _output_tied(plugin: Architecture) -> bool:
     """Whether the base model's output head is its token embeddings (no `output` tensor in its GGUF),
-    as transformers decides it: tie_word_embeddings, true unless set. An encoder without an output
+    as transformers decides it: tie_word_embeddings, true unless set. A model without an output
     head (an embedding model) ties nothing."""
-    if not any(entry.name == OUTPUT for entry in plugin.tensor_names.values()):
+    if not plugin.has_output_head:
         return False
     value = plugin.config.get("tie_word_embeddings", default=None)
     if value is None:
