@@ -16,13 +16,13 @@ the std) makes these tests fail (checked by hand).
 llama.cpp's converter does not know transformers' JinaEmbeddingsV3Model (it reads jina's published
 form only), so the file comparison is of the published folder.
 
-Task adapters: the published folder's five task LoRA adapters (rank 4, alpha 1, factors drawn
-0.1 * N(0, 1)) are written as lora-<task>-<file>.gguf; each, applied by llama.cpp (lora_path) on
-the f32 model, gives the embeddings of transformers' JinaEmbeddingsV3Model with that task's
-adapter merged into its weights as jina's code applies it (tests/bert_models.py
-jina_v3_with_task), within the tolerances above: measured f32 5.5e-4..7.7e-4 (1 - cosine <= 2.6e-8),
-against 0.15..0.23 without the adapter; on the f16 model 1.5e-3..1.8e-3 (<= 1.7e-7), on the q8_0
-model 2.9e-2..3.5e-2 (<= 1.0e-4) (the adapters are F32 beside every type). llama.cpp's converter's own adapter files measure
+Task adapters: the published folder's five task LoRA adapters (rank 4, alpha 1, factors drawn 0.1 *
+N(0, 1)) are written as lora-<task>-<file>.gguf; each, applied by llama.cpp (lora_path) on the f32
+model, gives the embeddings of transformers' JinaEmbeddingsV3Model with that task's adapter merged
+into its weights as jina's code applies it (tests/bert_models.py jina_v3_with_task), within the
+tolerances above: measured f32 5.5e-4..7.7e-4 (1 - cosine <= 2.6e-8), against 0.15..0.23 without the
+adapter; on the f16 model 1.5e-3..1.8e-3 (<= 1.7e-7), on the q8_0 model 2.9e-2..3.5e-2 (<= 1.0e-4)
+(the adapters are F32 beside every type). llama.cpp's converter's own adapter files measure
 3.9e-3..5.8e-3 (1 - cosine up to 3.2e-6): llama.cpp never applies their token_types adapter, whose
 update ggufsmith carries in the token embeddings' adapter (converters/task_adapters.py), so they
 fail the f32 tolerance.
@@ -181,6 +181,12 @@ def reference_files(model_dirs, tmp_path_factory) -> dict[str, Path]:
 RANK = 4
 
 
+def as_array(tensor: tuple[tuple[int, ...], int, bytes]) -> np.ndarray:
+    """An F32 tensor of gguf_contents in numpy order (its shape is ggml's, rows first)."""
+    shape, _, data = tensor
+    return np.frombuffer(data, np.float32).reshape(shape[::-1])
+
+
 @pytest.mark.parametrize("task", JINA_TASKS)
 def test_same_adapter_files_as_convert_hf_to_gguf(converted, reference_files, task):
     """The same keys and values, and the same tensors, bytes and order, but for the token embeddings
@@ -201,8 +207,7 @@ def test_same_adapter_files_as_convert_hf_to_gguf(converted, reference_files, ta
         for name in ours_tensors:
             if name not in folded:
                 assert ours_tensors[name] == theirs_tensors[name], name
-        lora_a, lora_b = (np.frombuffer(ours_tensors[n][2], np.float32).reshape(ours_tensors[n][0][::-1]) for n in folded)
-        ref_a, ref_b = (np.frombuffer(theirs_tensors[n][2], np.float32).reshape(theirs_tensors[n][0][::-1])
-                        for n in folded)
+        lora_a, lora_b = (as_array(ours_tensors[name]) for name in folded)
+        ref_a, ref_b = (as_array(theirs_tensors[name]) for name in folded)
         assert np.array_equal(lora_a[:, :RANK], ref_a) and (lora_a[:, RANK] == 1).all()
         np.testing.assert_allclose(lora_b[:, :RANK], ref_b * (RANK + 1) / RANK, rtol=1e-6)

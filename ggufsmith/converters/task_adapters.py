@@ -48,7 +48,8 @@ def task_adapter_file(model_file: Path, task: str) -> Path:
     return model_file.with_name(f"lora-{task}-{model_file.name}")
 
 
-def task_adapter_plans(checkpoint: Checkpoint, plugin: Architecture, model_file: Path) -> list[tuple[ConversionPlan, Path]]:
+def task_adapter_plans(checkpoint: Checkpoint, plugin: Architecture,
+                       model_file: Path) -> list[tuple[ConversionPlan, Path]]:
     """(plan, path) of each task adapter of the checkpoint ([] for a model without task adapters)."""
     adapters = read_task_adapters(checkpoint.config, checkpoint.tensors)
     jobs = []

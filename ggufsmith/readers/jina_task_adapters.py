@@ -127,7 +127,8 @@ def _stacked_factors(config: HFConfig, tensors: dict[str, LazyTensor],
 
 
 def _is_embedding(module: str) -> bool:
-    """jina stores an nn.Embedding's factors the other way round: embeddings.word_embeddings, ...token_type_embeddings."""
+    """jina stores an nn.Embedding's factors the other way round (embeddings.word_embeddings,
+    embeddings.token_type_embeddings)."""
     return module.endswith("_embeddings")
 
 
