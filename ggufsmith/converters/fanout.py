@@ -177,7 +177,7 @@ def _units(group: list[tuple[int, PlannedTensor]], quantizer: Quantizer) -> Iter
         return list(zip(indices, pipeline.encode_many(tensors, load, first_row, quantizer)))
 
     if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
-        rows = tensor.load_rows
+        rows = pipeline.rows_loader(tensor, tensors, quantizer)
     elif len(tensor.shape) < 2 or tensor.n_elements <= pipeline.SLICE_ELEMENTS:
         yield (lambda: encoded(tensor.load, 0)), sum(t.nbytes for t in tensors)
         return
