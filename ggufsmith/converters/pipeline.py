@@ -340,7 +340,12 @@ def convert(
         raise ConversionError(f"an importance matrix is used by quantization presets (q4_k_m, ...), not by --outtype {outtype}")
     elif outtype.lower() != AUTO_OUTTYPE:
         outtype_of(outtype)  # reject a bad type before opening anything
-    with open_checkpoint(src) as checkpoint:
+    quantizer = Quantizer(resolve_workers(threads))
+    with quantizer, open_checkpoint(src) as checkpoint:
+        if quantize_request is not None and not dry_run:
+            # a preset's K-quants run in worker processes: started now, they import numpy and the
+            # quantizers while this process makes the plan (the tokenizer's export included)
+            quantizer.start()
         checkpoint.repo_id = repo_id
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
@@ -361,5 +366,5 @@ def convert(
             from ggufsmith.converters.fanout import write_plans
 
             write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs + checkpoint.files,
-                        force=force, threads=threads)
+                        force=force, threads=threads, quantizer=quantizer)
     return plan

@@ -65,6 +65,12 @@ class QuantizerProcesses:
             raise payload
         return out
 
+    def start(self) -> None:
+        """Start every worker now (they import numpy and the quantizers while the caller goes on)."""
+        with self._lock:
+            while not self._closed and len(self._started) < self.count:
+                self._idle.put(self._spawn())
+
     def _borrow(self) -> subprocess.Popen:
         try:
             return self._idle.get_nowait()
@@ -74,13 +80,15 @@ class QuantizerProcesses:
             if self._closed:
                 raise ConversionError("the quantizer processes were closed")
             if len(self._started) < self.count:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    env=_child_environment(),
-                )
-                self._started.append(process)
-                return process
+                return self._spawn()
         return self._idle.get()
+
+    def _spawn(self) -> subprocess.Popen:
+        """A new worker process (the lock is held)."""
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   env=_child_environment())
+        self._started.append(process)
+        return process
 
     def close(self) -> None:
         """Let every worker finish and exit (it stops at the end of its input)."""

@@ -141,5 +141,16 @@ class Quantizer:
             return False
         return importance is not None or ggml_type not in THREAD_TYPES_WITHOUT_IMPORTANCE
 
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first piece that needs one."""
+        if self.workers >= 2:
+            self._processes.start()
+
     def close(self) -> None:
         self._processes.close()
+
+    def __enter__(self) -> Quantizer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
