@@ -4,7 +4,7 @@ from ggufsmith.errors import GGUFError, GgufsmithError
 
 __version__ = "0.1.0"
 
-__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "merge_gguf", "quantize_gguf", "set_metadata",
+__all__ = ["GGUFError", "GgufsmithError", "__version__", "convert", "convert_lora", "merge_gguf", "quantize_gguf", "set_metadata",
            "split_gguf"]
 
 
@@ -13,6 +13,14 @@ def convert(src, dst, outtype: str = "f16", arch=None, **options):
     from ggufsmith.converters.pipeline import convert as _convert
 
     return _convert(src, dst, outtype, arch, **options)
+
+
+def convert_lora(adapter_dir, dst, outtype: str = "f16", base=None, **options):
+    """Convert a PEFT LoRA adapter folder to a GGUF adapter file (`base`: the base model's folder or
+    repository id); see ggufsmith.converters.lora.convert_lora."""
+    from ggufsmith.converters.lora import convert_lora as _convert_lora
+
+    return _convert_lora(adapter_dir, dst, outtype, base, **options)
 
 
 def quantize_gguf(src, dst, preset, **options):

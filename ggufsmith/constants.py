@@ -346,6 +346,7 @@ class Keys:
         SWIGLU_CLAMP_EXP = "{arch}.swiglu_clamp_exp"
         SWIGLU_CLAMP_SHEXP = "{arch}.swiglu_clamp_shexp"
         POOLING_TYPE = "{arch}.pooling_type"
+        HIDDEN_ACT = "{arch}.hidden_activation"
         ATTN_LOGIT_SOFTCAPPING = "{arch}.attn_logit_softcapping"
         ROUTER_LOGIT_SOFTCAPPING = "{arch}.router_logit_softcapping"
         FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"
@@ -356,6 +357,8 @@ class Keys:
         FULL_ATTENTION_INTERVAL = "{arch}.full_attention_interval"
         DENSE_2_FEAT_IN = "{arch}.dense_2_feat_in"
         DENSE_2_FEAT_OUT = "{arch}.dense_2_feat_out"
+        DENSE_3_FEAT_IN = "{arch}.dense_3_feat_in"
+        DENSE_3_FEAT_OUT = "{arch}.dense_3_feat_out"
         SHORTCONV_L_CACHE = "{arch}.shortconv.l_cache"
         CLASSIFIER_OUTPUT_LABELS = "{arch}.classifier.output_labels"
 
@@ -486,6 +489,11 @@ class Keys:
         CHAT_TEMPLATE = "tokenizer.chat_template"
         CHAT_TEMPLATE_NAMED = "tokenizer.chat_template.{name}"
         CHAT_TEMPLATES = "tokenizer.chat_templates"
+
+    class Adapter:
+        """Keys of a LoRA adapter file (general.type = "adapter"), as llama.cpp's llama_adapter_lora reads them."""
+        TYPE = "adapter.type"  # "lora"
+        LORA_ALPHA = "adapter.lora.alpha"  # float32; llama.cpp scales each pair by alpha / its rank
 
     class Split:
         NO = "split.no"

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from tests.tokenizer_helpers import training_text
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -50,16 +52,16 @@ def write_vocab_txt_only(source_dir: Path, model_dir: Path, *, lowercase: bool) 
                                                                  "do_lower_case": lowercase}))
 
 
-def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_size: int) -> None:
-    """modules.json (Transformer at the root, Pooling, Normalize) and 1_Pooling/config.json."""
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
+def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_size: int, denses: int = 0) -> None:
+    """modules.json (Transformer at the root, Pooling, `denses` Dense modules 2_Dense, 3_Dense ...,
+    Normalize) and 1_Pooling/config.json; the Dense folders are the caller's."""
+    kinds = ["Transformer", "Pooling", *["Dense"] * denses, "Normalize"]
+    paths = ["", "1_Pooling", *[f"{i + 2}_Dense" for i in range(denses)], f"{denses + 2}_Normalize"]
+    modules = [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+               for i, (kind, path) in enumerate(zip(kinds, paths))]
     (model_dir / "modules.json").write_text(json.dumps(modules, indent=1))
     (model_dir / "1_Pooling").mkdir(exist_ok=True)
-    (model_dir / "2_Normalize").mkdir(exist_ok=True)
+    (model_dir / paths[-1]).mkdir(exist_ok=True)
     config = {"word_embedding_dimension": hidden_size, **{flag: False for flag in POOLING_FLAGS.values()}}
     config[POOLING_FLAGS[pooling]] = True
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
@@ -83,10 +85,18 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
     )
     torch.manual_seed(seed)
     model_class = transformers.XLMRobertaModel if xlmr else transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
-    model = model_class(config).eval()
+    model = redraw_weights(model_class(config).eval())
+    model.save_pretrained(model_dir)
+    return model_dir
+
+
+def redraw_weights(model):
+    """Every parameter redrawn large (see the module's docstring); returns the model."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "LayerNorm.weight" in name:
+            if "layernorm.weight" in name.lower():
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif param.dim() == 1:
                 param.copy_(0.2 * torch.randn_like(param))
@@ -94,8 +104,7 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
                 param.copy_(torch.randn_like(param))
             else:
                 param.copy_(0.15 * torch.randn_like(param))
-    model.save_pretrained(model_dir)
-    return model_dir
+    return model
 
 
 ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -140,3 +149,34 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
     (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
     tokenizer.save_pretrained(model_dir)
     return tokenizer
+
+
+# -- what the embedding tests compare ------------------------------------------------------------
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Größere Äpfel schmecken süß, aber Übung macht den Meister!",
+    "我们今天去公园散步，天气很好。",
+    "Hello, WORLD... it's 10:45 -- isn't it? (e-mail: someone@example.com)",
+    "Привет, как дела? Москва — столица России.",
+]
+
+
+def pooled(hidden: np.ndarray, pooling: str) -> np.ndarray:
+    """sentence-transformers' pooling, then its Normalize module (what llama.cpp's normalize=True does)."""
+    vector = {"mean": hidden.mean(0), "cls": hidden[0], "last": hidden[-1]}[pooling]
+    return vector / np.linalg.norm(vector)
+
+
+def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray]:
+    """One pooled, L2-normalized vector per text with the file's pooling; with
+    pooling_type=NONE, every token's state as it is."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), embedding=True, n_ctx=96, n_batch=96, n_ubatch=96,
+                          verbose=False, **options)
+    try:
+        return [np.asarray(llm.embed(text, normalize=options.get("pooling_type") is None), dtype=np.float64)
+                for text in texts]
+    finally:
+        llm.close()

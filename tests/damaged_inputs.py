@@ -10,6 +10,7 @@ what a user would see. Every catalogue entry (tests/test_damaged_*.py) asserts t
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -59,3 +60,38 @@ def assert_clean_failure(proc: subprocess.CompletedProcess, culprit: str, target
             assert target.read_bytes() == previous, f"{target} was changed"
         assert leftovers(target.parent) == [], f"temporary files left: {leftovers(target.parent)}"
     return line
+
+
+# Ways to damage a copy of a model folder, shared by the catalogue files.
+
+def edit_json(path: Path, edit=None, **changes) -> None:
+    """Rewrite the JSON file at `path`: with `edit`, to edit(its value); else with `changes` merged
+    into its top-level object."""
+    value = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps(edit(value) if edit is not None else value | changes), encoding="utf-8")
+
+
+def edit_config(model_dir: Path, **changes) -> None:
+    """config.json with `changes` merged in."""
+    edit_json(model_dir / "config.json", **changes)
+
+
+def edit_safetensors(model_dir: Path, edit, name: str = "model.safetensors") -> None:
+    """Load the checkpoint's tensors, let edit(dict) change them in place, save them back."""
+    from safetensors.numpy import load_file, save_file
+
+    path = model_dir / name
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def assert_convert_refused(original: Path, tmp_path: Path, damage, culprit: str,
+                           options: tuple[str, ...] = ("--outtype", "f32")) -> str:
+    """Copy the folder `original`, apply damage(copy) and assert that `ggufsmith convert` refuses the
+    copy by the contract above; returns the error line."""
+    model_dir = tmp_path / original.name
+    shutil.copytree(original, model_dir)
+    damage(model_dir)
+    target = tmp_path / "out.gguf"
+    return assert_clean_failure(run_cli("convert", model_dir, target, *options), culprit, target)

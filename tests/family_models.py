@@ -62,12 +62,14 @@ def hf_logits(model_dir: Path, model_class: str, token_ids: list[int]) -> np.nda
         return model(torch.tensor([token_ids])).logits[0].float().numpy()
 
 
-def llamacpp_logits(gguf_path: Path, token_ids: list[int]) -> np.ndarray:
-    """llama.cpp's logits for every position, F32 KV cache, so that only the weights' type differs."""
+def llamacpp_logits(gguf_path: Path, token_ids: list[int], lora_path: Path | None = None) -> np.ndarray:
+    """llama.cpp's logits for every position, F32 KV cache, so that only the weights' type differs;
+    with `lora_path`, the GGUF adapter applied at scale 1."""
     import llama_cpp
 
+    adapter = {} if lora_path is None else dict(lora_path=str(lora_path), lora_scale=1.0)
     llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=256, n_batch=256, logits_all=True, verbose=False,
-                          type_k=0, type_v=0)
+                          type_k=0, type_v=0, **adapter)
     try:
         llm.eval(token_ids)
         return np.array(llm.scores[: len(token_ids)], dtype=np.float32)
@@ -84,6 +86,27 @@ def prompt_ids(model_dir: Path, prompt: str = PROMPT) -> list[int]:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir).encode(prompt, add_special_tokens=False)
+
+
+def build_bpe_models(root: Path, specs, vocab_size: int) -> dict[str, Path]:
+    """kind -> folder of the random-weight model specs[kind] = (config class, model class, config
+    fields), with a Qwen2-style byte-level BPE tokenizer of `vocab_size` pieces trained for it."""
+    from tests.tokenizer_helpers import train_bpe
+
+    dirs = {}
+    for kind, (config_class, model_class, fields) in specs.items():
+        train_bpe(root / kind, "qwen2", vocab_size=vocab_size)
+        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
+    return dirs
+
+
+def with_reference_logits(dirs: dict[str, Path], specs) -> dict[str, tuple[Path, list[int], np.ndarray]]:
+    """kind -> (folder, the prompt's token ids, transformers' logits for them) for build_bpe_models' folders."""
+    out = {}
+    for kind, model_dir in dirs.items():
+        ids = prompt_ids(model_dir)
+        out[kind] = model_dir, ids, hf_logits(model_dir, specs[kind][1], ids)
+    return out
 
 
 def conversions(models, root: Path):

@@ -66,16 +66,25 @@ def _unavailable(reason: str):
     pytest.skip(f"llama.cpp reference converter unavailable: {reason}")
 
 
-def _complete(folder: Path) -> bool:
-    return all((folder / marker).is_file() for marker in _COMPLETE_MARKERS)
-
-
 def reference_dir() -> Path:
     """The folder holding convert_hf_to_gguf.py, conversion/, gguf-py/ and models/ggml-vocab-*
     (fetched on first use)."""
     # The name says what it holds: caches of an older layout (without models/) are not reused.
     target = cache_root() / f"llama.cpp-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-with-vocabs"
-    if _complete(target):
+    return _extracted(target, _MEMBERS, _COMPLETE_MARKERS)
+
+
+def legacy_converter() -> Path:
+    """llama.cpp's examples/convert_legacy_llama.py, the converter of Meta-layout checkpoints
+    (consolidated.*.pth + params.json); run it with reference_env() (its gguf-py)."""
+    target = cache_root() / f"llama.cpp-legacy-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "examples/convert_legacy_llama.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+def _extracted(target: Path, members: tuple[str, ...], markers: tuple[str, ...]) -> Path:
+    """`target` holding `members` of the sdist's llama.cpp tree, fetched with pip on first use."""
+    if all((target / marker).is_file() for marker in markers):
         return target
     cache_root().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
@@ -93,18 +102,50 @@ def reference_dir() -> Path:
                 if not member.name.startswith(_SDIST_PREFIX):
                     continue
                 relative = member.name[len(_SDIST_PREFIX):]
-                if relative.startswith(_MEMBERS) and (member.isfile() or member.isdir()):
+                if relative.startswith(members) and (member.isfile() or member.isdir()):
                     member.name = relative
                     tar.extract(member, staging, filter="data")
-        missing = [marker for marker in _COMPLETE_MARKERS if not (staging / marker).is_file()]
+        missing = [marker for marker in markers if not (staging / marker).is_file()]
         if missing:
             _unavailable(f"{sdists[0].name} has no {_SDIST_PREFIX}{missing[0]}")
         try:
             staging.rename(target)  # atomic: a concurrent test worker may have won the race
         except OSError:
-            if not _complete(target):
+            if not all((target / marker).is_file() for marker in markers):
                 raise
     return target
+
+
+def lora_converter() -> Path:
+    """llama.cpp's convert_lora_to_gguf.py, the converter of PEFT LoRA adapters; it imports the model
+    classes of reference_dir()'s conversion/ package (see reference_lora_conversions)."""
+    target = cache_root() / f"llama.cpp-lora-converter-from-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    script = "convert_lora_to_gguf.py"
+    return _extracted(target, (script,), (script,)) / script
+
+
+# convert_lora_to_gguf.py run once per outtype in one Python process (importing torch is most of a run).
+_CONVERT_LORA_EACH_OUTTYPE = """
+import runpy, sys
+
+script, conversion_dir, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
+sys.path.insert(0, conversion_dir)
+for outtype in outtypes:
+    outfile = f"{out_dir}/reference-lora-{outtype}.gguf"
+    sys.argv = [script, adapter_dir, "--base", base_dir, "--outfile", outfile, "--outtype", outtype]
+    runpy.run_path(script, run_name="__main__")
+"""
+
+
+def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
+                               outtypes: tuple[str, ...]) -> dict[str, Path]:
+    """outtype -> convert_lora_to_gguf.py's GGUF of the PEFT adapter `adapter_dir` on `base_dir`
+    (out_dir/reference-lora-<outtype>.gguf), all made in one Python process."""
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    script = lora_converter()
+    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(reference_dir()), str(adapter_dir),
+          str(base_dir), str(out_dir), *outtypes], adapter_dir, timeout=1800)
+    return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
 
 
 def vocab_models_dir() -> Path:
@@ -141,7 +182,8 @@ _CONVERT_EACH_OUTTYPE = """
 import os, sys
 from pathlib import Path
 
-script, model_dir, out_dir, *outtypes = sys.argv[1:]
+script, model_dir, out_dir, *rest = sys.argv[1:]
+outtypes, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
 sys.path.insert(0, str(Path(script).parent))
 import convert_hf_to_gguf
 if os.environ.get("GGUFSMITH_FORCE_PRE"):
@@ -149,8 +191,12 @@ if os.environ.get("GGUFSMITH_FORCE_PRE"):
     conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
 
 for outtype in outtypes:
+    # EmbeddingGemma keeps its Dense modules' paths in a class-level list that every run appends to:
+    # a fresh one per run, as a process of its own would have.
+    import conversion.gemma
+    conversion.gemma.EmbeddingGemma.module_paths = []
     outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype]
+    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
     convert_hf_to_gguf.main()
 """
 
@@ -158,18 +204,19 @@ _conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
 
 def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, ...],
-                          pre: str | None = None) -> dict[str, Path]:
+                          pre: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
     Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
-    by hashing the tokens of a test text, which knows only published vocabularies)."""
-    key = (Path(model_dir).resolve(), tuple(outtypes))
+    by hashing the tokens of a test text, which knows only published vocabularies). `extra`: more
+    options for the script (--bigendian, ...); give each set of options its own out_dir."""
+    key = (Path(model_dir).resolve(), tuple(outtypes), tuple(extra))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         script = reference_dir() / "convert_hf_to_gguf.py"
         env = {"GGUFSMITH_FORCE_PRE": pre or ""}
-        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes],
+        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes, "--", *extra],
              model_dir, timeout=1800, env=env)
         _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
     return _conversions[key]

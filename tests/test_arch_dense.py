@@ -22,7 +22,7 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_model, conversions, hf_logits, llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file
 from tests.tokenizer_helpers import train_bpe, train_bpe_for_table_entry, train_sentencepiece, write_tokenizer_config
 
@@ -202,16 +202,7 @@ def train_phi3_tokenizer(model_dir):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("dense-gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str):
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(models[kind][0], cache[kind, outtype], outtype=outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("dense-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))

@@ -36,7 +36,7 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import hf_logits, llamacpp_logits, prompt_ids, randomize, relative_error
+from tests.family_models import conversions, hf_logits, llamacpp_logits, prompt_ids, randomize, relative_error
 from tests.llamacpp_reference import assert_same_file, gguf_contents
 from tests.tokenizer_helpers import train_bpe
 
@@ -140,16 +140,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("gptoss-gguf")
-    cache = {}
-
-    def get(layout: str, outtype: str):
-        if (layout, outtype) not in cache:
-            cache[layout, outtype] = root / f"{layout}-{outtype}.gguf"
-            ggufsmith.convert(models[layout][0], cache[layout, outtype], outtype=outtype)
-        return cache[layout, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("gptoss-gguf"))
 
 
 def per_position_error(got: np.ndarray, expected: np.ndarray) -> np.ndarray:

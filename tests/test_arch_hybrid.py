@@ -25,7 +25,9 @@ import pytest
 
 import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import (
+    build_bpe_models, build_model, conversions, llamacpp_logits, relative_error, with_reference_logits,
+)
 from tests.llamacpp_reference import assert_same_file
 from tests.tokenizer_helpers import train_bpe
 
@@ -56,30 +58,14 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hybrid")
-    out = {}
-    for kind, (config_class, model_class, fields) in MODELS.items():
-        model_dir = root / kind
-        train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
-        build_model(config_class, model_class, model_dir, **fields)
-        ids = prompt_ids(model_dir)
-        assert len(ids) >= 32
-        out[kind] = model_dir, ids, hf_logits(model_dir, model_class, ids)
+    out = with_reference_logits(build_bpe_models(tmp_path_factory.mktemp("hybrid"), MODELS, VOCAB), MODELS)
+    assert all(len(ids) >= 32 for _, ids, _ in out.values())  # the chunked delta-net scan needs several chunks
     return out
 
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("hybrid-gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str):
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(models[kind][0], cache[kind, outtype], outtype=outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("hybrid-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))

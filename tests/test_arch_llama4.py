@@ -29,12 +29,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ggufsmith
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import build_bpe_models, conversions, llamacpp_logits, relative_error, with_reference_logits
 from tests.llamacpp_reference import assert_same_file
 from tests.test_arch_moe import KEY_DIFFERENCES
-from tests.tokenizer_helpers import train_bpe
 
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("transformers")
@@ -62,29 +60,13 @@ LONG_PROMPT = 8192 + 64  # past llama.cpp's (and the model's) attention chunk
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama4")
-    out = {}
-    for kind, (config_class, model_class, fields) in MODELS.items():
-        model_dir = root / kind
-        train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
-        build_model(config_class, model_class, model_dir, **fields)
-        ids = prompt_ids(model_dir)
-        out[kind] = model_dir, ids, hf_logits(model_dir, model_class, ids)
+    out = with_reference_logits(build_bpe_models(tmp_path_factory.mktemp("llama4"), MODELS, VOCAB), MODELS)
     return out
 
 
 @pytest.fixture(scope="module")
 def converted(models, tmp_path_factory):
-    root = tmp_path_factory.mktemp("llama4-gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str):
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(models[kind][0], cache[kind, outtype], outtype=outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions(models, tmp_path_factory.mktemp("llama4-gguf"))
 
 
 @pytest.mark.parametrize("outtype", list(TOLERANCE))

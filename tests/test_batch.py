@@ -236,6 +236,30 @@ def test_a_broken_checkpoint_fails_alone_with_its_one_line_error(models, tmp_pat
     assert leftovers(out) == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_sources_warnings_are_reported_once_under_its_name(models, jobs):
+    """A model card whose front matter is never closed is converted with a warning: with the
+    conversion in this process or in worker processes, it is printed once (not once per output
+    type), labelled by the source that caused it, and is in the JSON report."""
+    import shutil
+
+    noisy = models / "models" / "noisy-card"
+    if not noisy.exists():
+        shutil.copytree(models / "models" / "llama-a", noisy)
+        (noisy / "README.md").write_text("---\nlicense: mit\nno end to this front matter\n")
+    plan = models / f"noisy-{jobs}.yaml"
+    plan.write_text(f"output_dir: noisy-out-{jobs}\nsources:\n  - path: models/noisy-card\n    outtypes: [f16, q8_0]\n"
+                    "  - path: models/llama-a\n    outtypes: [q8_0]\n")
+    proc = run_cli("batch", plan, "--json", "--jobs", jobs)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("ggufsmith: warning: models/noisy-card: ") and "front matter" in warnings[0]
+    outputs = json.loads(proc.stdout)["outputs"]
+    assert [len(o["warnings"]) for o in outputs] == [1, 1, 0]
+
+
 KILL_MOMENTS = ["first-temp-file", "first-output", "first-record", "second-source"]
 
 
@@ -305,6 +329,7 @@ def test_hf_repo_ids_come_from_the_local_cache_never_downloaded(models, tmp_path
     expected = tmp_path / "expected.gguf"
     ggufsmith.convert(snapshot, expected, "q8_0")  # what `convert` makes of the cached snapshot folder
     assert ok.status == "done" and Path(ok.file).read_bytes() == expected.read_bytes()
+    assert Path(ok.file).name.startswith("Llama-A-"), ok.file  # named after the repository, not the commit
     assert missing.status == "failed" and "someorg/not-cached: not in the local Hugging Face cache" in missing.error
 
 

@@ -222,6 +222,21 @@ def test_general_metadata_agrees_with_gguf_py_heuristics(tmp_path):
     assert ours["general.type"] == "model"
 
 
+@pytest.mark.parametrize("base_model", ["/tmp/pytest-of-root/run/checkpoints/Base-Llama-7B-v1", "./outputs/Base-Llama-7B-v1",
+                                        "C:\\runs\\Base-Llama-7B-v1", "~/models/Base-Llama-7B-v1/"])
+def test_a_base_model_given_as_a_local_folder_is_named_but_not_linked(tmp_path, base_model):
+    """A fine-tune's card written on the trainer's machine names its base by a path: the folder's
+    name is the base model's name; no organization made of path parts, no huggingface.co link."""
+    model_dir = tmp_path / "checkpoint-dir"
+    _save_toy(model_dir, torch.float16, shards=1)
+    (model_dir / "README.md").write_text(f"---\nbase_model: {json.dumps(base_model)}\n---\n")
+    plan = ggufsmith.convert(model_dir, tmp_path / "x.gguf", "f16", arch=ToyLlama, dry_run=True, with_tokenizer=False)
+    ours = {k: v.plain() for k, v in plan.metadata.items()}
+    assert ours["general.base_model.count"] == 1
+    assert ours["general.base_model.0.name"] == "Base Llama 7B v1"
+    assert "general.base_model.0.organization" not in ours and "general.base_model.0.repo_url" not in ours
+
+
 def _reference_metadata(model_dir: Path, n_params: int) -> dict:
     """gguf-py's Metadata.load, from the same llama.cpp as the reference converter (run apart)."""
     from llamacpp_reference import reference_env

@@ -4,7 +4,6 @@ sentence-transformers or WordPiece files: each is refused in one line naming the
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from tests.bert_models import (
     build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
     write_vocab_txt_only,
 )
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_json
 
 pytest.importorskip("transformers")
 
@@ -37,10 +36,7 @@ def originals(tmp_path_factory) -> dict[str, Path]:
 
 
 def _edit_json(relative: str, edit) -> callable:
-    def damage(model_dir: Path) -> None:
-        path = model_dir / relative
-        path.write_text(json.dumps(edit(json.loads(path.read_text()))))
-    return damage
+    return lambda model_dir: edit_json(model_dir / relative, edit)
 
 
 def _config(**changes):
@@ -95,8 +91,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

@@ -4,53 +4,35 @@ tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
-from tests.family_models import build_model
+from tests.damaged_inputs import assert_convert_refused, edit_config
+from tests.family_models import build_bpe_models
 from tests.test_arch_deepseek import MODELS, VOCAB
-from tests.tokenizer_helpers import train_bpe
 
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("deepseek_damaged")
-    dirs = {}
-    for kind in ("v3", "glm"):
-        config_class, model_class, fields = MODELS[kind]
-        train_bpe(root / kind, "qwen2", vocab_size=VOCAB)
-        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
-    return dirs
-
-
-def _edit_config(model_dir: Path, **changes) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(config | changes))
+    return build_bpe_models(tmp_path_factory.mktemp("deepseek_damaged"), {kind: MODELS[kind] for kind in ("v3", "glm")}, VOCAB)
 
 
 # (kind, damage, culprit named in the error)
 CASES = {
-    "v3-value-heads-narrower-than-stored": ("v3", lambda d: _edit_config(d, v_head_dim=12), "kv_b_proj"),
-    "v3-unknown-score-function": ("v3", lambda d: _edit_config(d, scoring_func="sqrtsoftplus"), "scoring_func"),
-    "v3-attention-biases": ("v3", lambda d: _edit_config(d, attention_bias=True), "attention_bias"),
-    "v3-groups-not-dividing-experts": ("v3", lambda d: _edit_config(d, n_group=3), "n_group"),
-    "v3-more-dense-blocks-than-stored": ("v3", lambda d: _edit_config(d, first_k_dense_replace=2), "blk.1.ffn_down_exps"),
-    "v3-no-shared-experts": ("v3", lambda d: _edit_config(d, n_shared_experts=0), "n_shared_experts"),
-    "glm-dense-first-block-not-in-config": ("glm", lambda d: _edit_config(d, first_k_dense_replace=0), "blk.0.ffn_down"),
+    "v3-value-heads-narrower-than-stored": ("v3", lambda d: edit_config(d, v_head_dim=12), "kv_b_proj"),
+    "v3-unknown-score-function": ("v3", lambda d: edit_config(d, scoring_func="sqrtsoftplus"), "scoring_func"),
+    "v3-attention-biases": ("v3", lambda d: edit_config(d, attention_bias=True), "attention_bias"),
+    "v3-groups-not-dividing-experts": ("v3", lambda d: edit_config(d, n_group=3), "n_group"),
+    "v3-more-dense-blocks-than-stored": ("v3", lambda d: edit_config(d, first_k_dense_replace=2), "blk.1.ffn_down_exps"),
+    "v3-no-shared-experts": ("v3", lambda d: edit_config(d, n_shared_experts=0), "n_shared_experts"),
+    "glm-dense-first-block-not-in-config": ("glm", lambda d: edit_config(d, first_k_dense_replace=0), "blk.0.ffn_down"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

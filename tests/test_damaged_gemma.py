@@ -3,13 +3,11 @@ is refused in one line naming the key or tensor (contract: tests/damaged_inputs.
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config, edit_json, edit_safetensors, run_cli
 from tests.gemma_models import MULTIMODAL, MULTIMODAL_GEMMA4, build_model
 from tests.tokenizer_helpers import train_sentencepiece
 
@@ -27,18 +25,17 @@ def originals(tmp_path_factory) -> dict[str, Path]:
 
 
 def _edit_config(model_dir: Path, section: str | None = None, **changes) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    (config[section] if section else config).update(changes)
-    (model_dir / "config.json").write_text(json.dumps(config))
+    """config.json with `changes` merged into it, or into its `section` object (text_config)."""
+    if section is None:
+        edit_config(model_dir, **changes)
+    else:
+        edit_json(model_dir / "config.json", lambda config: config | {section: config[section] | changes})
 
 
 def _add_tensor(model_dir: Path, name: str) -> None:
-    from safetensors.numpy import load_file, save_file
     import numpy as np
 
-    tensors = load_file(model_dir / "model.safetensors")
-    tensors[name] = np.zeros((4, 4), np.float32)
-    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    edit_safetensors(model_dir, lambda tensors: tensors.update({name: np.zeros((4, 4), np.float32)}))
 
 
 # (kind, damage, culprit named in the error)
@@ -84,11 +81,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)
 
 
 def test_cli_names_the_left_out_encoders_once(originals, tmp_path):

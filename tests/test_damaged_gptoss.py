@@ -4,14 +4,12 @@ tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config, edit_safetensors
 from tests.tokenizer_helpers import train_bpe
 
 pytest.importorskip("transformers")
@@ -31,31 +29,17 @@ def originals(tmp_path_factory) -> dict[str, Path]:
     return {"float": root / "float", "mxfp4": save_mxfp4_checkpoint(root / "float", root / "mxfp4")}
 
 
-def _edit_config(model_dir: Path, **changes) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(config | changes))
-
-
-def _edit_tensors(model_dir: Path, edit) -> None:
-    from safetensors.numpy import load_file, save_file
-
-    path = model_dir / "model.safetensors"
-    tensors = load_file(path)
-    edit(tensors)
-    save_file(tensors, path, metadata={"format": "pt"})
-
-
 # (checkpoint, damage, culprit named in the error)
 CASES = {
-    "another-swiglu-limit": ("float", lambda d: _edit_config(d, swiglu_limit=5.0), "swiglu_limit"),
-    "another-swiglu-alpha": ("float", lambda d: _edit_config(d, swiglu_alpha=1.0), "swiglu_alpha"),
-    "layer-types-too-short": ("float", lambda d: _edit_config(d, layer_types=["sliding_attention"]), "layer_types"),
-    "mxfp4-scales-missing": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.pop(SCALES)), BLOCKS),
-    "mxfp4-scales-of-another-shape": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({SCALES: t[SCALES][:, :-1]})),
+    "another-swiglu-limit": ("float", lambda d: edit_config(d, swiglu_limit=5.0), "swiglu_limit"),
+    "another-swiglu-alpha": ("float", lambda d: edit_config(d, swiglu_alpha=1.0), "swiglu_alpha"),
+    "layer-types-too-short": ("float", lambda d: edit_config(d, layer_types=["sliding_attention"]), "layer_types"),
+    "mxfp4-scales-missing": ("mxfp4", lambda d: edit_safetensors(d, lambda t: t.pop(SCALES)), BLOCKS),
+    "mxfp4-scales-of-another-shape": ("mxfp4", lambda d: edit_safetensors(d, lambda t: t.update({SCALES: t[SCALES][:, :-1]})),
                                       SCALES),
-    "mxfp4-blocks-not-bytes": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({BLOCKS: t[BLOCKS].astype(np.float32)})),
+    "mxfp4-blocks-not-bytes": ("mxfp4", lambda d: edit_safetensors(d, lambda t: t.update({BLOCKS: t[BLOCKS].astype(np.float32)})),
                                BLOCKS),
-    "mxfp4-blocks-of-other-width": ("mxfp4", lambda d: _edit_tensors(d, lambda t: t.update({BLOCKS: t[BLOCKS][..., :8].copy()})),
+    "mxfp4-blocks-of-other-width": ("mxfp4", lambda d: edit_safetensors(d, lambda t: t.update({BLOCKS: t[BLOCKS][..., :8].copy()})),
                                     BLOCKS),
 }
 
@@ -63,8 +47,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

@@ -4,63 +4,44 @@ tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
-from tests.family_models import build_model
+from tests.damaged_inputs import assert_convert_refused, edit_config
+from tests.family_models import build_bpe_models
 from tests.test_arch_hybrid import MODELS, VOCAB
-from tests.tokenizer_helpers import train_bpe
 
 pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hybrid_damaged")
-    dirs = {}
-    for kind in ("qwen3next", "qwen35"):
-        config_class, model_class, fields = MODELS[kind]
-        train_bpe(root / kind, "qwen2", vocab_size=VOCAB)
-        dirs[kind] = build_model(config_class, model_class, root / kind, **fields)
-    return dirs
-
-
-def _edit_config(model_dir: Path, **changes) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    config.update(changes)
-    (model_dir / "config.json").write_text(json.dumps(config))
+    return build_bpe_models(tmp_path_factory.mktemp("hybrid_damaged"), {kind: MODELS[kind] for kind in ("qwen3next", "qwen35")}, VOCAB)
 
 
 LINEAR, FULL = "linear_attention", "full_attention"
 # (kind, damage, culprit named in the error)
 CASES = {
-    "layer-types-short": ("qwen35", lambda d: _edit_config(d, layer_types=[LINEAR, FULL]), "layer_types"),
-    "layer-type-unknown": ("qwen35", lambda d: _edit_config(d, layer_types=[LINEAR, "sliding_attention", LINEAR, LINEAR]),
+    "layer-types-short": ("qwen35", lambda d: edit_config(d, layer_types=[LINEAR, FULL]), "layer_types"),
+    "layer-type-unknown": ("qwen35", lambda d: edit_config(d, layer_types=[LINEAR, "sliding_attention", LINEAR, LINEAR]),
                            "layer_types"),
     # the checkpoint's block 1 holds attention; a pattern calling it a delta-net block
-    "layer-pattern-not-the-checkpoints": ("qwen35", lambda d: _edit_config(d, layer_types=[LINEAR, LINEAR, FULL, LINEAR]),
+    "layer-pattern-not-the-checkpoints": ("qwen35", lambda d: edit_config(d, layer_types=[LINEAR, LINEAR, FULL, LINEAR]),
                                           "model.layers.1.self_attn"),
-    "key-and-value-heads-of-different-widths": ("qwen35", lambda d: _edit_config(d, linear_value_head_dim=32),
+    "key-and-value-heads-of-different-widths": ("qwen35", lambda d: edit_config(d, linear_value_head_dim=32),
                                                 "linear_key_head_dim"),
-    "value-heads-not-a-multiple-of-key-heads": ("qwen35", lambda d: _edit_config(d, linear_num_key_heads=3),
+    "value-heads-not-a-multiple-of-key-heads": ("qwen35", lambda d: edit_config(d, linear_num_key_heads=3),
                                                 "linear_num_value_heads"),
-    "mrope-sections-wider-than-the-rotary-part": ("qwen35", lambda d: _edit_config(d, rope_parameters={
+    "mrope-sections-wider-than-the-rotary-part": ("qwen35", lambda d: edit_config(d, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10]}),
         "mrope_section"),
-    "qwen3next-routing-not-renormalized": ("qwen3next", lambda d: _edit_config(d, norm_topk_prob=False), "norm_topk_prob"),
-    "qwen3next-dense-blocks": ("qwen3next", lambda d: _edit_config(d, mlp_only_layers=[0]), "mlp_only_layers"),
+    "qwen3next-routing-not-renormalized": ("qwen3next", lambda d: edit_config(d, norm_topk_prob=False), "norm_topk_prob"),
+    "qwen3next-dense-blocks": ("qwen3next", lambda d: edit_config(d, mlp_only_layers=[0]), "mlp_only_layers"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(originals, tmp_path, case):
     kind, damage, culprit = CASES[case]
-    model_dir = tmp_path / kind
-    shutil.copytree(originals[kind], model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(originals[kind], tmp_path, damage, culprit)

@@ -4,13 +4,11 @@ refused in one line naming the key (contract: tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_config
 from tests.family_models import build_model
 from tests.test_arch_llama4 import TEXT, VOCAB
 from tests.tokenizer_helpers import train_bpe
@@ -23,11 +21,6 @@ def original(tmp_path_factory) -> Path:
     model_dir = tmp_path_factory.mktemp("llama4_damaged") / "causal"
     train_bpe(model_dir, "qwen2", vocab_size=VOCAB)
     return build_model("Llama4TextConfig", "Llama4ForCausalLM", model_dir, **TEXT)
-
-
-def _edit_config(model_dir: Path, **changes) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(config | changes))
 
 
 # damage -> (config changes, culprit named in the error)
@@ -48,8 +41,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(original, tmp_path, case):
     changes, culprit = CASES[case]
-    model_dir = tmp_path / "model"
-    shutil.copytree(original, model_dir)
-    _edit_config(model_dir, **changes)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(original, tmp_path, lambda model_dir: edit_config(model_dir, **changes), culprit)

@@ -3,13 +3,11 @@ refused in one line naming the key (contract: tests/damaged_inputs.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.damaged_inputs import assert_clean_failure, run_cli
+from tests.damaged_inputs import assert_convert_refused, edit_json
 from tests.t5_models import build_t5, train_t5_unigram
 
 pytest.importorskip("transformers")
@@ -24,10 +22,7 @@ def original(tmp_path_factory) -> Path:
 
 
 def _edit_json(relative: str, **changes):
-    def damage(model_dir: Path) -> None:
-        path = model_dir / relative
-        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
-    return damage
+    return lambda model_dir: edit_json(model_dir / relative, **changes)
 
 
 # damage, culprit named in the error
@@ -43,8 +38,4 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_refused_in_one_line(original, tmp_path, case):
     damage, culprit = CASES[case]
-    model_dir = tmp_path / "t5"
-    shutil.copytree(original, model_dir)
-    damage(model_dir)
-    target = tmp_path / "out.gguf"
-    assert_clean_failure(run_cli("convert", model_dir, target, "--outtype", "f32"), culprit, target)
+    assert_convert_refused(original, tmp_path, damage, culprit)

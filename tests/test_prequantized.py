@@ -18,19 +18,14 @@ import pytest
 import ggufsmith
 from ggufsmith.errors import ConversionError
 from tests.decoder_reference import reference_convert
-from tests.family_models import build_model, hf_logits, llamacpp_logits, prompt_ids, relative_error
+from tests.family_models import llamacpp_logits, prompt_ids, relative_error
 from tests.llamacpp_reference import EXPLICIT_SPECIAL_IDS, assert_same_file
-from tests.tokenizer_helpers import train_bpe
+from tests.prequantized_checkpoints import MODEL_CLASS, small_float_model
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("llama_cpp")
 
-MODEL_CLASS = "Qwen3ForCausalLM"
-# 320-wide MLP: its 128-blocks are cut at the edge (2.5 blocks), as in real checkpoints' odd sizes
-FIELDS = dict(vocab_size=608, hidden_size=256, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
-              bos_token_id=0, eos_token_id=0, pad_token_id=0)
 BLOCK = 128
 FP8_MAX = 448.0
 FORMATS = {
@@ -69,9 +64,7 @@ def models(tmp_path_factory):
     import transformers
 
     root = tmp_path_factory.mktemp("prequantized")
-    original = root / "bf16"
-    train_bpe(original, "qwen2", vocab_size=600)
-    build_model("Qwen3Config", MODEL_CLASS, original, **FIELDS)
+    original = small_float_model(root / "bf16")
     state = load_file(original / "model.safetensors")
     out = {}
     for fmt, quant_config in FORMATS.items():
@@ -140,7 +133,7 @@ def test_scales_are_applied_per_block_and_rows_stream(models):
 
 
 @pytest.mark.parametrize("damage, message", [
-    ({"quant_method": "awq"}, "quant_method 'awq' is not supported"),
+    ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
     ({"weight_block_size": [128]}, "weight_block_size"),
     ({"weight_block_size": [64, 64]}, "does not give one scale per 64 x 64 block"),
 ])

@@ -311,6 +311,18 @@ def test_a_repo_id_converts_the_model_in_the_hf_cache(hf_cache, tmp_path):
     assert tensors == {t.name: bytes(t.data) for t in gguf.GGUFReader(from_folder).tensors}
 
 
+def test_a_snapshot_folder_given_by_path_is_named_after_its_repository(hf_cache, tmp_path):
+    """The path of a cache snapshot (what a batch plan's repo id, or a user copying a path out of
+    ~/.cache/huggingface, gives) names the file as the repo id does, not by the commit hash."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    snapshot = hf_cache / f"models--TinyOrg--Tiny-Llama-v1/snapshots/{COMMIT}"
+    proc = run_cli("convert", snapshot, out_dir, "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in out_dir.iterdir()] == ["Tiny-Llama-1.3M-v1-F16.gguf"]
+    assert _fields(out_dir / "Tiny-Llama-1.3M-v1-F16.gguf")["general.organization"] == "TinyOrg"
+
+
 def test_an_existing_folder_wins_over_a_repo_id_of_the_same_spelling(hf_cache, tmp_path):
     from ggufsmith.readers.hub import resolve_source
 

@@ -47,3 +47,28 @@ def test_without_pooling_module_and_with_a_dense_one(tmp_path):
     folder = read_sentence_transformers(_folder(tmp_path, None, ("Dense",)))
     assert folder.pooling is None
     assert folder.unsupported_modules() == ["Dense"]
+
+
+@pytest.mark.parametrize("weights_file", ["model.safetensors", "pytorch_model.bin"])
+def test_dense_modules_in_order_with_their_weights(tmp_path, weights_file):
+    """EmbeddingGemma's 2_Dense and 3_Dense, from either weights file sentence-transformers has saved."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    folder = _folder(tmp_path, {"pooling_mode_mean_tokens": True}, ("Dense", "Dense", "Normalize"))
+    weights = [torch.randn(8, 4), torch.randn(4, 8)]
+    for index, weight in zip((2, 3), weights):
+        module = folder / f"{index}_Dense"
+        module.mkdir()
+        (module / "config.json").write_text(json.dumps({"in_features": weight.shape[1], "out_features": weight.shape[0],
+                                                        "bias": False}))
+        if weights_file == "model.safetensors":
+            save_file({"linear.weight": weight}, module / weights_file)
+        else:
+            torch.save({"linear.weight": weight}, module / weights_file)
+    dense = read_sentence_transformers(folder).dense_modules()
+    assert [(d.folder.name, d.in_features, d.out_features, d.bias) for d in dense] == [("2_Dense", 4, 8, None),
+                                                                                       ("3_Dense", 8, 4, None)]
+    assert all(d.activation.endswith("Identity") for d in dense)  # sentence-transformers' default
+    for d, weight in zip(dense, weights):
+        assert (d.weight.load() == weight.numpy()).all()

@@ -186,7 +186,9 @@ class Architecture:
 
     # -- question 4 -----------------------------------------------------------------------
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
-        """Layout change of one output tensor, by GGUF name. Default: none."""
+        """Layout change of one output tensor, by GGUF name. Default: none. Return `tensor` itself
+        for a tensor kept as stored: converters/lora.py then applies adapters to it without a trial
+        of the change (LoRA factors follow changes of rows only)."""
         return tensor
 
     def split_tensor(self, entry: Split, tensor: LazyTensor) -> list[LazyTensor]:

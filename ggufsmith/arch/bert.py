@@ -22,20 +22,21 @@ from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder
 
 # Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
 # approximation differ by less than the float16 table llama.cpp evaluates GELU through).
-_GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
+GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
 
 
-def _layer_norm(hf: str, gguf: str) -> dict[str, T]:
+def layer_norm(hf: str, gguf: str) -> dict[str, T]:
     """A LayerNorm under both names checkpoints use: weight/bias, and TF-era gamma/beta."""
     weight, bias = T(f"{gguf}.weight", "n_embd"), T(f"{gguf}.bias", "n_embd")
     return {f"{hf}.weight": weight, f"{hf}.bias": bias, f"{hf}.gamma": weight, f"{hf}.beta": bias}
 
 
-def _linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
-    """A dense layer; llama.cpp loads every bert bias as optional."""
+def linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
+    """A dense layer; llama.cpp loads every bert-family bias as optional."""
     return {f"{hf}.weight": T(f"{gguf}.weight", rows, columns), f"{hf}.bias": T(f"{gguf}.bias", rows, optional=True)}
 
 
@@ -45,16 +46,36 @@ _NAMES = {
     "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
     "embeddings.position_embeddings.weight": T("position_embd.weight", "n_ctx", "n_embd"),
     "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
-    **_layer_norm("embeddings.LayerNorm", "token_embd_norm"),
-    **_linear(_LAYER + "attention.self.query", _BLOCK + "attn_q", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.self.key", _BLOCK + "attn_k", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.self.value", _BLOCK + "attn_v", "n_embd", "n_embd"),
-    **_linear(_LAYER + "attention.output.dense", _BLOCK + "attn_output", "n_embd", "n_embd"),
-    **_layer_norm(_LAYER + "attention.output.LayerNorm", _BLOCK + "attn_output_norm"),
-    **_linear(_LAYER + "intermediate.dense", _BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **_linear(_LAYER + "output.dense", _BLOCK + "ffn_down", "n_embd", "n_ff"),
-    **_layer_norm(_LAYER + "output.LayerNorm", _BLOCK + "layer_output_norm"),
+    **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
+    **linear(_LAYER + "attention.self.query", _BLOCK + "attn_q", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.key", _BLOCK + "attn_k", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.value", _BLOCK + "attn_v", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.output.dense", _BLOCK + "attn_output", "n_embd", "n_embd"),
+    **layer_norm(_LAYER + "attention.output.LayerNorm", _BLOCK + "attn_output_norm"),
+    **linear(_LAYER + "intermediate.dense", _BLOCK + "ffn_up", "n_ff", "n_embd"),
+    **linear(_LAYER + "output.dense", _BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **layer_norm(_LAYER + "output.LayerNorm", _BLOCK + "layer_output_norm"),
 }
+
+
+def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks: int,
+                 context: int, embd: int, ff: int, heads: int, eps: float, token_types: int) -> Metadata:
+    """The keys llama.cpp's bert-family encoders read (nomic-bert's too): sizes, the layer-norm
+    epsilon, bidirectional attention, the sentence-transformers pooling, the token-type count."""
+    metadata = Metadata()
+    keys = ArchKeys(metadata, arch)
+    keys.u32(Keys.LLM.BLOCK_COUNT, blocks)
+    keys.u32(Keys.LLM.CONTEXT_LENGTH, context)
+    keys.u32(Keys.LLM.EMBEDDING_LENGTH, embd)
+    keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, ff)
+    keys.u32(Keys.Attention.HEAD_COUNT, heads)
+    keys.f32(Keys.Attention.LAYERNORM_EPS, eps)
+    keys.bool(Keys.Attention.CAUSAL, False)
+    pooling = folder.pooling if folder else None
+    keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
+    # A model key under the tokenizer's name: llama.cpp refuses a bert-family file without it.
+    metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, token_types)
+    return metadata
 
 
 class Bert(Architecture):
@@ -78,7 +99,7 @@ class Bert(Architecture):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
-        reject(c, c.get_str("hidden_act") not in _GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
+        reject(c, c.get_str("hidden_act") not in GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
         reject(c, c.get_str("position_embedding_type") != "absolute",
                f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not absolute)")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
@@ -102,20 +123,12 @@ class Bert(Architecture):
 
     def metadata(self) -> Metadata:
         c = self.config
-        metadata = Metadata()
-        keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1) - self.position_offset)
-        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
-        keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_eps", min=0))
-        keys.bool(Keys.Attention.CAUSAL, False)
-        pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-        keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
-        # A model key under the tokenizer's name: llama.cpp refuses a bert file without it.
-        metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, self.dims()["n_token_types"].value)
-        return metadata
+        return encoder_keys(self.name, self.sentence_transformers,
+                            blocks=c.get_int("num_hidden_layers", min=1),
+                            context=c.get_int("max_position_embeddings", min=1) - self.position_offset,
+                            embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
+                            heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("layer_norm_eps", min=0),
+                            token_types=self.dims()["n_token_types"].value)
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name == "position_embd.weight" and self.position_offset:

@@ -58,6 +58,16 @@ def reject(config: HFConfig, condition: bool, what: str) -> None:
         raise ConversionError(f"{config.path}: {what}, which llama.cpp cannot run for this architecture")
 
 
+def layer_types(config: HFConfig, default: list[str]) -> list[str]:
+    """config.json layer_types ("sliding_attention" / "full_attention" per layer; `default` when
+    absent), checked against num_hidden_layers."""
+    types = config.get_list("layer_types", default=default)
+    n_layer = config.get_int("num_hidden_layers", min=1)
+    if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+    return types
+
+
 def weights_and_biases(table: dict[str, T | str], hf_prefix: str = "", gguf_prefix: str = "",
                        biases: str = "required") -> dict[str, T | str]:
     """{"ln_1": T("attn_norm", "n_embd")} -> {"<hf_prefix>ln_1.weight": T("<gguf_prefix>attn_norm.weight",
@@ -94,13 +104,15 @@ TOKEN_EMBD = T("token_embd.weight", "n_vocab", "n_embd")
 OUTPUT = T("output.weight", "n_vocab", "n_embd", optional=True)  # llama.cpp falls back to token_embd
 
 
-def sentence_transformers_folder(config: HFConfig, arch: str) -> SentenceTransformersFolder | None:
+def sentence_transformers_folder(config: HFConfig, arch: str,
+                                 supported: tuple[str, ...] = ()) -> SentenceTransformersFolder | None:
     """The sentence-transformers modules beside config.json (None when there are none), refused when
     a module after pooling (a Dense projection, ...) would be left out: llama.cpp's `arch` graph has
-    no such step, so its embeddings would not be the model's."""
+    no such step, so its embeddings would not be the model's. `supported`: the module types the
+    plugin converts itself (gemma-embedding's Dense)."""
     folder = read_sentence_transformers(config.path.parent)
-    if folder and folder.unsupported_modules():
-        raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules())} module(s) "
+    if folder and folder.unsupported_modules(supported):
+        raise ConversionError(f"{folder.modules_path}: the {', '.join(folder.unsupported_modules(supported))} module(s) "
                               f"after pooling would be left out, and llama.cpp's {arch} has no such step: "
                               "its embeddings would not be the model's")
     return folder

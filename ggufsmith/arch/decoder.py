@@ -10,7 +10,7 @@ The HF names are those of transformers' LlamaForCausalLM and the many models wri
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import layer_types, reject
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Dim, Split, T
 from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
@@ -299,11 +299,7 @@ class Decoder(Architecture):
 
     def layer_types(self, default: list[str]) -> list[str]:
         """config.json layer_types ("sliding_attention" / "full_attention" per layer), checked."""
-        types = self.config.get_list("layer_types", default=default)
-        n_layer = self.config.get_int("num_hidden_layers", min=1)
-        if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
-            raise self.config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
-        return types
+        return layer_types(self.config, default)
 
     def extra_tensors(self) -> dict[str, LazyTensor]:
         return self.rope.rope_freqs(int(self.rope.partial_rotary_factor() * self.head_dim))

@@ -65,6 +65,7 @@ class _GemmaBase(Decoder):
     activation_keys: tuple[str, ...] = ("hidden_activation",)
     swa_pattern = 0  # llama.cpp's default sliding-window period for the architecture (0: none)
     layers_of_27b = 0  # the layer count by which llama.cpp recognises the 27B model (its attention scale)
+    bidirectional = False  # attention both ways (EmbeddingGemma's use_bidirectional_attention)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -77,7 +78,9 @@ class _GemmaBase(Decoder):
         allowed = (GELU_TANH, "gelu") if self.name == "gemma" else (GELU_TANH,)
         reject(c, activation not in allowed, f"{c.key_name(key)} is {activation!r} (llama.cpp runs {GELU_TANH})")
         reject(c, c.get_bool("attention_bias", default=False), "attention_bias is set")
-        reject(c, bool(c.get("use_bidirectional_attention", default=None)), "use_bidirectional_attention is set")
+        bidirectional = c.get_bool("use_bidirectional_attention", default=False)
+        reject(c, bidirectional != self.bidirectional, f"use_bidirectional_attention is {str(bidirectional).lower()} "
+               f"(llama.cpp's {self.name} attends {'both ways' if self.bidirectional else 'causally'})")
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         return offset_norm(tensor) if name.endswith("norm.weight") else tensor

@@ -15,12 +15,12 @@ ENTRY_POINT_GROUP = "ggufsmith.architectures"
 # Our own plugins, by module. Each module defines one or more Architecture subclasses.
 BUILTIN_MODULES: tuple[str, ...] = (
     "llama", "qwen", "starcoder2", "olmo", "granite", "smollm3", "stablelm", "seed_oss", "ernie", "command_r",
-    "gemma", "gemma4",
+    "gemma", "gemma4", "gemma_embedding",
     "qwen_moe", "deepseek", "glm_moe", "hunyuan", "dots1", "llama4", "gpt_oss",
     "phi3", "glm4", "minimax", "exaone4", "mistral3", "apertus",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
     "mamba", "qwen_hybrid", "lfm2", "jamba", "nemotron_h", "falcon_h1", "rwkv", "whisper",
-    "bert", "t5",
+    "bert", "nomic_bert", "modern_bert", "t5",
 )
 
 

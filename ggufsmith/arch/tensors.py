@@ -241,24 +241,7 @@ def check_model(
     declared = declarations(table)
     present = {name: (shape, sources) for name, shape, sources in tensors}
     for name, (shape, sources) in present.items():
-        for d in declared:
-            m = d.regex.fullmatch(name)
-            if m is None:
-                continue
-            bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
-            count = _block_count(d.spec, dims)
-            if bid is not None and count is not None and bid >= count:
-                raise ConversionError(
-                    f"{_describe(name, sources)} belongs to block {bid}, but {config_path} "
-                    f"{_origin(d.spec.blocks, dims)} = {count}; the checkpoint and the config disagree"
-                )
-            if not _applies(d.spec, dims, bid):
-                raise ConversionError(
-                    f"{_describe(name, sources)} is not part of this model ({d.spec.when} is false for it); "
-                    f"{config_path} does not describe this checkpoint"
-                )
-            _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
-            break
+        _check_declared(declared, name, shape, sources, dims, config_path)
 
     missing = []
     for d in declared:
@@ -281,6 +264,37 @@ def check_model(
         blocks = missing[0][2]
         counted = f" ({config_path} {_origin(blocks, dims)} = {_block_count(T('', blocks=blocks), dims)})" if blocks else ""
         raise ConversionError(f"the checkpoint lacks {shown}{more}, which llama.cpp needs{counted}")
+
+
+def check_declared(table: Mapping[str, str | T | Split], name: str, shape: tuple[int, ...], sources: Sequence[str],
+                   dims: Mapping[str, Dim], config_path: str = "config.json") -> bool:
+    """Raise ConversionError unless GGUF tensor `name` (one tensor, e.g. one a LoRA adapter updates)
+    is part of the model these dims describe, with the shape the table declares; False when the
+    table declares no such tensor."""
+    return _check_declared(declarations(table), name, shape, sources, dims, config_path)
+
+
+def _check_declared(declared: list[Declared], name: str, shape: tuple[int, ...], sources: Sequence[str],
+                    dims: Mapping[str, Dim], config_path: str) -> bool:
+    for d in declared:
+        m = d.regex.fullmatch(name)
+        if m is None:
+            continue
+        bid = int(m.group("bid")) if "bid" in d.regex.groupindex else None
+        count = _block_count(d.spec, dims)
+        if bid is not None and count is not None and bid >= count:
+            raise ConversionError(
+                f"{_describe(name, sources)} belongs to block {bid}, but {config_path} "
+                f"{_origin(d.spec.blocks, dims)} = {count}; the checkpoint and the config disagree"
+            )
+        if not _applies(d.spec, dims, bid):
+            raise ConversionError(
+                f"{_describe(name, sources)} is not part of this model ({d.spec.when} is false for it); "
+                f"{config_path} does not describe this checkpoint"
+            )
+        _check_shape(d.spec, name, shape, sources, dims, bid, config_path)
+        return True
+    return False
 
 
 def _block_count(spec: T, dims: Mapping[str, Dim]) -> int | None:

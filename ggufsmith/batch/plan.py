@@ -29,8 +29,8 @@ from ggufsmith.errors import BatchError
 PRESET_OPTIONS = ("pure", "output_tensor_type", "token_embedding_type", "leave_output_tensor", "tensor_types",
                   "override_kv", "include_weights", "exclude_weights")
 # Keys a source may have; all but path/repo/revision/download may also be given under `defaults`.
-SOURCE_KEYS = ("path", "repo", "revision", "download", "outtypes", "imatrix", "arch", "model_name", "options",
-               "output_dir", "name_pattern", "outputs", "split_max_size", "split_max_tensors")
+SOURCE_KEYS = ("path", "repo", "revision", "download", "outtypes", "imatrix", "arch", "model_name", "metadata",
+               "options", "output_dir", "name_pattern", "outputs", "split_max_size", "split_max_tensors")
 TOP_KEYS = ("output_dir", "name_pattern", "max_memory", "jobs", "defaults", "sources")
 # Fields a name pattern may use (docs/batch.md); missing ones are empty and their separators dropped.
 PATTERN_FIELDS = ("basename", "size_label", "finetune", "version", "type", "name", "source")
@@ -53,6 +53,8 @@ class SourceSpec:
     imatrix: Path | None = None
     arch: str | None = None
     model_name: str | None = None
+    metadata: Path | None = None  # a --metadata JSON file of general.* overrides
+    metadata_digest: str = ""  # its contents' sha256, so that editing it redoes the outputs
     options: dict[str, Any] = field(default_factory=dict)
     name_pattern: str | None = None
     outputs: dict[str, str] = field(default_factory=dict)  # outtype -> file name, overriding the pattern
@@ -63,7 +65,7 @@ class SourceSpec:
         """What decides an output's bytes, hashed: a recorded output made with other settings is redone."""
         settings = {"source": str(self.path or f"{self.repo}@{self.revision or 'main'}"), "outtype": outtype,
                     "imatrix": str(self.imatrix or ""), "arch": self.arch, "model_name": self.model_name,
-                    "options": self.options, "split": [self.split_max_size, self.split_max_tensors]}
+                    "metadata": self.metadata_digest, "options": self.options, "split": [self.split_max_size, self.split_max_tensors]}
         return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,6 +169,9 @@ def plan_from_dict(data: dict[str, Any], path: Path) -> BatchPlan:
             spec.download = bool(raw.get("download", False))
         if entry.get("imatrix") is not None:
             spec.imatrix = base / _string(path, where, "imatrix", entry["imatrix"])
+        if entry.get("metadata") is not None:
+            spec.metadata = base / _string(path, where, "metadata", entry["metadata"])
+            spec.metadata_digest = _metadata_digest(path, where, spec.metadata)
         spec.split_max_size, spec.split_max_tensors = _split_limits(path, where, entry)
         if spec.name_pattern is not None:
             _check_pattern(path, where, spec.name_pattern)
@@ -190,6 +195,18 @@ def _string(path: Path, where: str, key: str, value: Any) -> str:
 
 def _optional_string(path: Path, where: str, key: str, value: Any) -> str | None:
     return None if value is None else _string(path, where, key, value)
+
+
+def _metadata_digest(path: Path, where: str, metadata: Path) -> str:
+    """The sha256 of a source's --metadata file, once its keys are checked as `convert` checks them."""
+    from ggufsmith.converters.general_metadata import read_metadata_overrides
+    from ggufsmith.errors import ConversionError, one_line
+
+    try:
+        read_metadata_overrides(metadata)
+        return hashlib.sha256(metadata.read_bytes()).hexdigest()
+    except (ConversionError, OSError) as e:
+        raise BatchError(f"{path}: {where}: metadata: {one_line(e)}") from None
 
 
 def _split_limits(path: Path, where: str, entry: dict[str, Any]) -> tuple[int, int]:

@@ -30,6 +30,14 @@ class BatchReport:
             grouped.setdefault((r.source, r.error or ""), []).append(r.outtype)
         return {key: ", ".join(types) for key, types in grouped.items()}
 
+    def warnings(self) -> dict[str, list[str]]:
+        """source -> its conversion's warnings, each once (every output of a source carries them all)."""
+        found: dict[str, list[str]] = {}
+        for r in self.results:
+            if r.warnings:
+                found.setdefault(r.source, list(r.warnings))
+        return found
+
     def as_dict(self) -> dict:
         counts = {status: sum(r.status == status for r in self.results) for status in ("done", "skipped", "failed")}
         return {"plan": self.plan, "seconds": round(self.seconds, 3), **counts, "outputs": [r.as_dict() for r in self.results]}

@@ -12,7 +12,7 @@ import re
 import time
 from contextlib import contextmanager
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ggufsmith.batch.state import BatchState, file_sha256
 from ggufsmith.constants import Keys
 from ggufsmith.converters.split import SplitRule, split_plan
 from ggufsmith.errors import BatchError, GgufsmithError, one_line
+from ggufsmith.logs import WarningLines
 
 G = Keys.General
 
@@ -38,6 +39,7 @@ class OutputResult:
     seconds: float = 0.0
     sha256: str | None = None
     error: str | None = None
+    warnings: list[str] = field(default_factory=list)  # the source's warnings (ggufsmith's logger), each once
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +81,18 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
                threads: int | None = None) -> list[OutputResult]:
     """Make every output of `spec` not finished already (all, with `force`), on `threads` conversion
     workers (default: every core); one result per outtype. `on_progress(n)`: n more outputs' worth
-    of bytes written (fractions of files, for a live bar)."""
+    of bytes written (fractions of files, for a live bar). Warnings of the conversion are kept in
+    the results (`warnings`), labelled by their source in the report, instead of reaching stderr
+    unlabelled from whichever worker process made them."""
+    with _collected_warnings() as warnings:
+        results = _run_source(spec, force=force, on_progress=on_progress, threads=threads)
+    for result in results:
+        result.warnings = list(dict.fromkeys(warnings))
+    return results
+
+
+def _run_source(spec: SourceSpec, *, force: bool, on_progress: Callable[[float], None] | None,
+                threads: int | None) -> list[OutputResult]:
     from ggufsmith.converters.fanout import write_plans
     from ggufsmith.gguf_writer.output import folder_files, remove_dead_temp_files
     from ggufsmith.readers.checkpoint import open_checkpoint
@@ -103,7 +116,7 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
             for outtype in todo:
                 state.forget(files[outtype].name)
             if todo:
-                inputs = folder_files(model_dir) + checkpoint.files + ([spec.imatrix] if spec.imatrix else [])
+                inputs = folder_files(model_dir) + checkpoint.files + [p for p in (spec.imatrix, spec.metadata) if p]
                 total = max(1, sum(plans[o].total_bytes for o in todo))
                 on_bytes = None if on_progress is None else (lambda n: on_progress(n * len(todo) / total))
                 rule = SplitRule(spec.split_max_size, spec.split_max_tensors)
@@ -136,6 +149,20 @@ def run_source(spec: SourceSpec, *, force: bool = False, on_progress: Callable[[
 
 
 @contextmanager
+def _collected_warnings():
+    """The ggufsmith logger's warnings while the block runs, taken from its other handlers (the CLI's,
+    or none at all in a worker process, where they would go to stderr unlabelled)."""
+    logger = logging.getLogger("ggufsmith")
+    saved = logger.handlers[:], logger.propagate
+    collector = WarningLines()
+    logger.handlers, logger.propagate = [collector], False
+    try:
+        yield collector.lines
+    finally:
+        logger.handlers, logger.propagate = saved
+
+
+@contextmanager
 def _warnings_said_once():
     logger = logging.getLogger("ggufsmith")
     level = logger.level
@@ -148,6 +175,7 @@ def _warnings_said_once():
 
 def _make_plan(checkpoint, spec: SourceSpec, outtype: str):
     from ggufsmith.cli.quantize import build_request
+    from ggufsmith.converters.general_metadata import read_metadata_overrides
     from ggufsmith.converters.pipeline import make_plan
     from ggufsmith.converters.plan import is_preset_outtype
 
@@ -156,7 +184,9 @@ def _make_plan(checkpoint, spec: SourceSpec, outtype: str):
         args = quantize_args(spec.options)
         args.imatrix = str(spec.imatrix) if spec.imatrix is not None else None
         request = build_request(outtype, args)
-    return make_plan(checkpoint, outtype, spec.arch, model_name=spec.model_name, quantize_request=request)
+    overrides = read_metadata_overrides(spec.metadata) if spec.metadata is not None else None
+    return make_plan(checkpoint, outtype, spec.arch, model_name=spec.model_name, quantize_request=request,
+                     metadata_overrides=overrides)
 
 
 def _check_distinct(spec: SourceSpec, files: dict[str, Path]) -> None:

@@ -33,10 +33,12 @@ from importlib import import_module
 from ggufsmith import __version__
 from ggufsmith.errors import GgufsmithError, one_line
 from ggufsmith.gguf_writer.output import delete_own_temp_files
+from ggufsmith.logs import WarningLines
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ggufsmith.cli.convert", "convert a Hugging Face model folder to a GGUF file"),
+    "convert-lora": ("ggufsmith.cli.convert_lora", "convert a PEFT LoRA adapter to a GGUF adapter file llama.cpp applies"),
     "quantize": ("ggufsmith.cli.quantize", "quantize a GGUF file with one of llama-quantize's presets (Q4_K_M, ...)"),
     "imatrix": ("ggufsmith.cli.imatrix", "compute an importance matrix (llama-imatrix's) from calibration text with transformers"),
     "batch": ("ggufsmith.cli.batch", "convert many models to many types from a plan file, each source read once; locally or on Ray"),
@@ -122,15 +124,6 @@ def _stop_signals() -> Iterator[None]:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-class _Held(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(" ".join(record.getMessage().split()))
-
-
 @contextmanager
 def _held_warnings(verbose: bool) -> Iterator[list[str]]:
     """The warnings to print once the command succeeds (see the module docstring)."""
@@ -141,7 +134,7 @@ def _held_warnings(verbose: bool) -> Iterator[list[str]]:
         handler.setFormatter(logging.Formatter("ggufsmith: %(levelname)s: %(name)s: %(message)s"))
         ours.setLevel(logging.DEBUG)
     else:
-        handler = _Held()
+        handler = WarningLines()
         ours.setLevel(logging.WARNING)
     foreign_handler = handler if verbose else logging.NullHandler()
     ours.addHandler(handler)
@@ -149,7 +142,7 @@ def _held_warnings(verbose: bool) -> Iterator[list[str]]:
     ours.propagate = foreign.propagate = False
     logging.captureWarnings(True)
     try:
-        yield handler.lines if isinstance(handler, _Held) else []
+        yield handler.lines if isinstance(handler, WarningLines) else []
     finally:
         logging.captureWarnings(False)
         ours.removeHandler(handler)

@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray,
                    progress=not args.quiet and not args.json)
     print(report.to_json() if args.json else report.table())
+    for source, lines in report.warnings().items():
+        for line in lines:
+            print(f"ggufsmith: warning: {source}: {line}", file=sys.stderr)
     for (source, error), types in report.failures().items():  # one line per failing source
         print(f"ggufsmith: error: {source} ({types}): {error}", file=sys.stderr)
     return 0 if report.ok else 1

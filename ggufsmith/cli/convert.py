@@ -41,9 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "F32 conversion, without writing it (default: f16)")
     parser.add_argument("--vocab-only", action="store_true",
                         help="write the tokenizer and the metadata, no tensors (as convert_hf_to_gguf.py --vocab-only)")
-    parser.add_argument("--metadata", metavar="FILE.json",
-                        help="JSON object of general.* keys (general.name, general.author, general.tags, ...) that "
-                             "replace those found in the model card and config, as convert_hf_to_gguf.py --metadata")
+    from ggufsmith.cli.quantize import add_force_option, add_metadata_option, add_quantize_options, add_split_options, \
+        add_threads_option
+
+    add_metadata_option(parser, "those found in the model card and config")
+    parser.add_argument("--bigendian", action="store_true",
+                        help="write a big-endian GGUF file, for big-endian machines (as convert_hf_to_gguf.py "
+                             "--bigendian; f32, f16, bf16 and auto outtypes only)")
     parser.add_argument("--download", action="store_true",
                         help="when SRC is a repository id not in the local Hugging Face cache, download it "
                              "(the weights, config and tokenizer files) into the cache first")
@@ -51,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (source, GGUF name, shape, type, bytes) and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors")
-    from ggufsmith.cli.quantize import add_force_option, add_quantize_options, add_split_options, add_threads_option
 
     add_split_options(parser)
     add_force_option(parser)
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     plan = convert(args.src, args.dst, args.outtype, args.arch, dry_run=args.dry_run, force=args.force,
                    progress=show_progress(args), model_name=args.model_name, quantize_request=request,
                    strict_tokenizer=args.strict_tokenizer, threads=args.threads or None, split=split_rule(args),
-                   vocab_only=args.vocab_only, metadata=args.metadata, download=args.download)
+                   vocab_only=args.vocab_only, metadata=args.metadata, download=args.download,
+                   bigendian=args.bigendian)
     if args.dry_run:
         print(plan.describe())
         print_summary(plan, plan.output, dry_run=True, split=split_rule(args))

@@ -106,6 +106,12 @@ def split_rule(args: argparse.Namespace):
     return SplitRule(args.split_max_size, args.split_max_tensors)
 
 
+def add_metadata_option(parser: argparse.ArgumentParser, replaced: str) -> None:
+    parser.add_argument("--metadata", metavar="FILE.json",
+                        help="JSON object of general.* keys (general.name, general.author, general.tags, ...) that "
+                             f"replace {replaced}, as convert_hf_to_gguf.py --metadata")
+
+
 def add_force_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true",
                         help="if the output is an existing device or FIFO, write into it (it is never replaced; "
@@ -163,6 +169,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-requantize", action="store_true", help="allow quantizing tensors that are already quantized")
     parser.add_argument("--keep-split", action="store_true", help="for a split input: one output file per input part, OUT-0000i-of-0000n.gguf")
     add_split_options(parser)
+    add_metadata_option(parser, "the input's")
+    parser.add_argument("--bigendian", action="store_true",
+                        help="write a big-endian GGUF file (F32, F16 and BF16 presets only; the input is little-endian)")
     parser.add_argument("--dry-run", action="store_true", help="print each tensor's type and size and write nothing")
     parser.add_argument("--quiet", "-q", action="store_true", help="print nothing but warnings and errors (and the --dry-run plan)")
     add_force_option(parser)
@@ -175,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     request = build_request(args.preset, args, allow_requantize=args.allow_requantize)
     plan = quantize_gguf(args.src, args.dst, request, dry_run=args.dry_run, progress=show_progress(args),
                          keep_split=args.keep_split, split=split_rule(args), force=args.force,
-                         threads=args.threads or None)
+                         threads=args.threads or None, metadata=args.metadata,
+                         bigendian=args.bigendian)
     if args.dry_run:
         print(plan.describe())
     if not args.quiet or args.dry_run:

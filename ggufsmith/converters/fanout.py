@@ -222,7 +222,8 @@ class _Sink:
         alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
         # No fsync, as llama.cpp's converter: the rename already guarantees that the target is never
         # a partial file after an error, Ctrl-C or kill; the OS writes the data back on its own.
-        self.writer = GGUFWriter(path, plan.metadata, alignment=alignment, fsync=False, inputs=inputs, force=force)
+        self.writer = GGUFWriter(path, plan.metadata, alignment=alignment, byteorder=plan.byteorder, fsync=False,
+                                 inputs=inputs, force=force)
         for t in plan.tensors:
             self.writer.add_tensor(t.name, t.shape, t.ggml_type)
         self.order = [t.name for t in plan.tensors]

@@ -184,6 +184,9 @@ def _hub_reference(ref: str | dict[str, str], total_params: int) -> dict[str, st
         if not m:
             return entry
         hub_id = m.group(1)
+    local_path = _is_local_path(hub_id)
+    if local_path:  # a card written on the trainer's machine: the folder's name, no Hub id to link to
+        hub_id = hub_id.replace("\\", "/").rstrip("/").rpartition("/")[2]
     parsed = parse_model_id(hub_id, total_params)
     if parsed.name:
         entry["name"] = title_case(parsed.name)
@@ -191,9 +194,14 @@ def _hub_reference(ref: str | dict[str, str], total_params: int) -> dict[str, st
         entry["organization"] = title_case(parsed.organization)
     if parsed.version:
         entry["version"] = parsed.version
-    if "repo_url" not in entry and parsed.organization and parsed.name:
+    if "repo_url" not in entry and parsed.organization and parsed.name and not local_path:
         entry["repo_url"] = f"https://huggingface.co/{parsed.organization}/{parsed.name}"
     return entry
+
+
+def _is_local_path(ref: str) -> bool:
+    """A folder on some disk rather than a Hub id "Org/Model" (which has at most one slash)."""
+    return ref.startswith(("/", ".", "~", "\\")) or ref.count("/") > 1 or re.match(r"[A-Za-z]:[\\/]", ref) is not None
 
 
 _SAMPLING = (  # generation_config.json name(s) -> key, type
@@ -277,7 +285,7 @@ def general_metadata(model_dir: Path, config: dict[str, Any], params: ParameterC
 
     name_or_path = config.get("_name_or_path")
     ids = []
-    if isinstance(name_or_path, str) and name_or_path.count("/") <= 1:
+    if isinstance(name_or_path, str) and not _is_local_path(name_or_path):
         ids.append(name_or_path)
     folder_name = repo_id or model_dir.resolve().name
     ids.append(folder_name)
@@ -397,6 +405,30 @@ def read_metadata_overrides(path: str | Path) -> MetadataOverrides:
             known = ", ".join(sorted([*_OVERRIDE_FIELDS, *_SAMPLING_TYPES, *_OVERRIDE_LISTS]))
             raise ConversionError(f"{path}: unknown key {key!r}; the keys llama.cpp's --metadata accepts are: {known}")
     return overrides
+
+
+def apply_metadata_overrides(md: Metadata, overrides: MetadataOverrides, total_params: int) -> None:
+    """--metadata on the keys of an existing model (quantize): each key the file gives replaces the
+    model's, with the value and type `convert --metadata` writes; an empty list removes its keys."""
+    key_of_field = {field_name: key for key, field_name in _OVERRIDE_FIELDS.items()}
+    for field_name, value in overrides.fields.items():
+        md.replace(key_of_field[field_name], value, GGUFValueType.STRING)
+    for key, value in overrides.sampling.items():
+        md.replace(key, value, _SAMPLING_TYPES[key])
+    lists = overrides.lists
+    for key, name in ((G.TAGS, "tags"), (G.LANGUAGES, "languages")):
+        if name in lists:
+            if key in md:
+                md.remove(key)
+            if lists[name]:
+                md.add_array(key, lists[name], GGUFValueType.STRING)
+    for name, count_key, templates in (("base_models", G.BASE_MODEL_COUNT, _BASE_MODEL_KEYS),
+                                       ("datasets", G.DATASET_COUNT, _DATASET_KEYS)):
+        if name in lists:
+            prefix = count_key.removesuffix("count")  # general.base_model.: the count and every entry's keys
+            for key in [k for k in md if k.startswith(prefix)]:
+                md.remove(key)
+            _add_references(md, lists[name], count_key, templates, total_params)
 
 
 def _override_list(path: Path, key: str, value: Any) -> list:

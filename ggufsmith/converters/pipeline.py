@@ -27,7 +27,8 @@ from ggufsmith.converters.general_metadata import (MetadataOverrides, count_para
                                                    read_metadata_overrides)
 from ggufsmith.readers.file_rows import FileRows
 from ggufsmith.readers.lazy_tensor import EncodedTensor
-from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, file_type_with_stored,
+from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, big_endian_plan,
+                                      file_type_with_stored, refuse_quantized_big_endian,
                                       guess_outtype, is_preset_outtype, outtype_of, plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.split import SplitRule, split_plan
@@ -295,6 +296,7 @@ def convert(
     vocab_only: bool = False,
     metadata: str | Path | None = None,
     download: bool = False,
+    bigendian: bool = False,
 ) -> ConversionPlan:
     """Convert the Hugging Face model folder `src` to the GGUF file `dst`; returns the plan (its
     `output` is the path written).
@@ -315,6 +317,8 @@ def convert(
     llama.cpp will tokenize some text differently from the Hugging Face tokenizer, one warning is
     logged; `strict_tokenizer` makes that an error (docs/tokenizers.md). `split` cuts the output into
     parts DST-00001-of-0000n.gguf ... (converters/split.py), which appear together once all are complete.
+    `bigendian` writes a big-endian file (convert_hf_to_gguf.py --bigendian) of float tensors only
+    (see big_endian_plan).
     """
     from ggufsmith.readers.hub import resolve_source
 
@@ -340,16 +344,20 @@ def convert(
         raise ConversionError(f"an importance matrix is used by quantization presets (q4_k_m, ...), not by --outtype {outtype}")
     elif outtype.lower() != AUTO_OUTTYPE:
         outtype_of(outtype)  # reject a bad type before opening anything
+    if bigendian:
+        refuse_quantized_big_endian(outtype if quantize_request is None else quantize_request.preset)
     quantizer = Quantizer(resolve_workers(threads))
     with quantizer, open_checkpoint(src) as checkpoint:
         if quantize_request is not None and not dry_run:
             # a preset's K-quants run in worker processes: started now, they import numpy and the
             # quantizers while this process makes the plan (the tokenizer's export included)
             quantizer.start()
-        checkpoint.repo_id = repo_id
+        checkpoint.repo_id = repo_id or checkpoint.repo_id  # a snapshot given by path: open_checkpoint named it
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
                          metadata_overrides=overrides)
+        if bigendian:
+            big_endian_plan(plan)
         # the type a name says is general.file_type's, as llama.cpp's converter names it (MOSTLY_BF16: BF16)
         encoding = plan.file_type.name.partition("_")[2]
         if into_folder:

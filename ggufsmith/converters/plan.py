@@ -126,6 +126,7 @@ class ConversionPlan:
     metadata: Metadata
     tensors: list[PlannedTensor]
     output: Path | None = None  # the file written, once decided (a folder target is given a name)
+    byteorder: str = "little"  # "big" for convert --bigendian (gguf_writer/writer.py swaps the numbers)
 
     @property
     def total_bytes(self) -> int:
@@ -246,3 +247,29 @@ def file_type_with_stored(file_type: FileType, planned: list[PlannedTensor]) -> 
         return file_type
     stored = [t.ggml_type for t in planned if is_stored_encoded(t.tensor) and t.ggml_type in _STORED_FILE_TYPES]
     return _STORED_FILE_TYPES[stored[0]] if stored else file_type
+
+
+# -- big-endian files (convert --bigendian) ----------------------------------------------------
+# A big-endian ggml reads every number of a file in its own byte order, quantized blocks included
+# (their f16 scales). llama.cpp's converter swaps only the tensors it holds as arrays of numbers
+# (F32, F16) and leaves quantized blocks (and BF16) as they are: little-endian data that a
+# big-endian ggml misreads. ggufsmith writes F32, F16 and BF16 swapped and refuses the rest.
+_BIG_ENDIAN_TYPES = (GGMLType.F32, GGMLType.F16, GGMLType.BF16)
+_BIG_ENDIAN_ONLY = ("a big-endian file holds F32, F16 and BF16 tensors only (ggml would misread the scales of "
+                    "quantized blocks, which llama.cpp's converter leaves little-endian)")
+
+
+def refuse_quantized_big_endian(outtype: str) -> None:
+    """Before any work: convert --bigendian with a quantized outtype."""
+    if outtype.lower() not in ("f32", "f16", "bf16", AUTO_OUTTYPE):
+        raise ConversionError(f"--bigendian with --outtype {outtype}: {_BIG_ENDIAN_ONLY}; "
+                              "give --outtype f32, f16, bf16 or auto")
+
+
+def big_endian_plan(plan: ConversionPlan) -> None:
+    """Make `plan` write a big-endian file; a tensor that would be quantized (gpt-oss' MXFP4 experts
+    kept as they are, a quantize preset) is refused."""
+    for t in plan.tensors:
+        if t.ggml_type not in _BIG_ENDIAN_TYPES:
+            raise ConversionError(f"--bigendian: tensor {t.name} would be {t.ggml_type.name}; {_BIG_ENDIAN_ONLY}")
+    plan.byteorder = "big"

@@ -12,8 +12,9 @@ from pathlib import Path
 from ggufsmith.constants import Keys
 from ggufsmith.readers.gguf_source import GGUFModel, open_gguf_model, split_paths
 from ggufsmith.converters.fanout import write_plans
+from ggufsmith.converters.general_metadata import apply_metadata_overrides, count_parameters, read_metadata_overrides
 from ggufsmith.converters.workers import resolve_workers
-from ggufsmith.converters.plan import ConversionPlan, PlannedTensor
+from ggufsmith.converters.plan import ConversionPlan, PlannedTensor, big_endian_plan
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset
 from ggufsmith.converters.split import SplitRule, part_plans, split_plan
 from ggufsmith.gguf_writer.output import check_target
@@ -33,6 +34,8 @@ def quantize_gguf(
     split: SplitRule | None = None,
     force: bool = False,
     threads: int | None = None,
+    metadata: str | Path | None = None,
+    bigendian: bool = False,
 ) -> ConversionPlan:
     """Write what llama-quantize writes for `src` with `request` (a preset name or all options) to `dst`.
 
@@ -41,7 +44,9 @@ def quantize_gguf(
     `dst` may not be an input (a part of `src`, the importance matrix), nor a directory, device or
     FIFO unless `force` (see gguf_writer/output.py). `keep_split`: one output file per part of a
     split input (llama-quantize --keep-split); `split`: the output cut into parts by that rule
-    (converters/split.py). The parts appear together, once all are complete."""
+    (converters/split.py). The parts appear together, once all are complete. `metadata`: a JSON file
+    of general.* keys that replace the input's (llama.cpp's --metadata, as `convert --metadata`).
+    `bigendian`: a big-endian output, for the F32, F16 and BF16 presets only (plan.big_endian_plan)."""
     resolve_workers(threads)  # reject a bad count before reading anything
     if split is not None and split.active and keep_split:
         raise ConversionError("--keep-split keeps the input's parts; it cannot be combined with "
@@ -50,6 +55,10 @@ def quantize_gguf(
         request = QuantizeRequest(request)
     src, dst = Path(src), Path(dst)
     inputs = [src] + ([Path(request.imatrix.path)] if request.imatrix is not None and request.imatrix.path else [])
+    overrides = None
+    if metadata is not None:
+        overrides = read_metadata_overrides(metadata)  # a bad file fails before anything is read
+        inputs.append(Path(metadata))
     check_target(dst, inputs, force=force)  # before reading anything
     with open_gguf_model(src) as model:
         keep_split = keep_split and model.n_splits > 1  # as llama-quantize: one part in, one file out
@@ -58,6 +67,11 @@ def quantize_gguf(
         if Keys.General.ARCHITECTURE not in model.metadata:
             raise ConversionError(f"{src}: no general.architecture key; only model files can be quantized")
         plan = apply_preset(stored_plan(model), request, keep_order=keep_split)
+        if overrides is not None:
+            params = count_parameters([(t.name, t.shape) for t in plan.tensors])
+            apply_metadata_overrides(plan.metadata, overrides, params.total)
+        if bigendian:
+            big_endian_plan(plan)
         _check_decodable(src, plan)
         if keep_split:
             parts = part_plans(plan, dst, [[t for t in plan.tensors if t.tensor.split_index == index]

@@ -164,10 +164,7 @@ class GGUFWriter:
                 raise self._fail(
                     f"tensor {name}: expected {info.nbytes} bytes for {info.ggml_type.name} {info.shape}, got {raw.nbytes}"
                 )
-            if self.byteorder == "big":
-                element = GGML_ELEMENT_DTYPE[info.ggml_type]
-                raw = raw.view("<" + element).astype(">" + element).view(np.uint8)
-            self._out.write(raw.data)
+            self._out.write(self._in_file_order(raw, info).data)
             end = info.offset + info.nbytes
             self._out.write(b"\0" * (align_offset(end, self.alignment) - end))
         except BaseException:
@@ -179,15 +176,13 @@ class GGUFWriter:
         """Like write_tensor, with the data given as consecutive pieces (a large tensor converted
         in slices of rows), so that the whole tensor never has to be in memory at once."""
         info = self._next_tensor(name)
-        if self.byteorder == "big":
-            raise self._fail(f"tensor {name}: pieces are not supported for big-endian files; use write_tensor")
         try:
             written = 0
             for piece in pieces:
                 raw = _as_bytes_view(piece)
                 if written + raw.nbytes > info.nbytes:
                     raise self._fail(f"tensor {name}: more than the expected {info.nbytes} bytes")
-                self._out.write(raw.data)
+                self._out.write(self._in_file_order(raw, info).data)
                 written += raw.nbytes
             if written != info.nbytes:
                 raise self._fail(
@@ -266,6 +261,15 @@ class GGUFWriter:
     def _expect(self, state: str, action: str) -> None:
         if self._state != state:
             raise self._fail(f"cannot {action}: the writer is {self._state}, not {state}")
+
+    def _in_file_order(self, raw: np.ndarray, info: TensorInfo) -> np.ndarray:
+        """Bytes of native (little-endian) numbers as the file stores them: swapped in a big-endian file."""
+        if self.byteorder == "little":
+            return raw
+        element = np.dtype("<" + GGML_ELEMENT_DTYPE[info.ggml_type])
+        if raw.nbytes % element.itemsize:
+            raise self._fail(f"tensor {info.name}: a piece of {raw.nbytes} bytes splits a {info.ggml_type.name} value")
+        return raw.view(element).astype(element.newbyteorder(">")).view(np.uint8)
 
     def _fail(self, message: str) -> GGUFError:
         """A usage error once the file is open ends the write: the temporary file is deleted."""

@@ -23,9 +23,10 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
-from ggufsmith.quantize.registry import QuantFormat, register
+from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     F32,
+    NEAREST_INT_EXACT,
     float_warnings_off,
     fp16_bits,
     fp16_value,
@@ -46,11 +47,10 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
     per_super = QK_K // sub
     squares = x * x
     # The super-block's sum of squares in C order (sub-block j, then position i), from x's layout
-    # [i, super-block * per_super + j]: sub-block by sub-block, each continuing the running sum.
-    by_sub_block = squares.reshape(sub, -1, per_super)
-    total = sum_from_first(by_sub_block[:, :, 0])
-    for j in range(1, per_super):
-        total = sum_from_first(np.concatenate([total[None], by_sub_block[:, :, j]]))
+    # [i, super-block * per_super + j]: the squares reordered to rows j * sub + i (one copy), then
+    # summed row after row.
+    in_c_order = squares.reshape(sub, -1, per_super).transpose(2, 0, 1).reshape(QK_K, -1)
+    total = sum_from_first(in_c_order)
     sigma2 = F32(sigma_factor) * total / F32(QK_K)
     squares += np.repeat(sigma2, per_super)[None, :]
     np.sqrt(squares, out=squares)
@@ -61,8 +61,17 @@ def _imatrix_weights(rows: np.ndarray, x: np.ndarray, importance: np.ndarray, si
 def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray, nmax: int) -> np.ndarray:
     """Round x against the stored sub-block scale d and min dm; sub-blocks with d == 0 keep the
     levels of the search (C skips them)."""
-    fresh = nearest_int_clipped((x + dm) / d, 0, nmax)
-    return np.where(d != 0, fresh, levels)
+    fresh = x + dm
+    fresh /= d
+    if max(np.max(fresh), -np.min(fresh)) <= NEAREST_INT_EXACT:  # False for NaN: then bit by bit
+        np.rint(fresh, out=fresh)  # nearest_int in its exact range
+        np.clip(fresh, 0, nmax, out=fresh)
+    else:
+        fresh = nearest_int_clipped(fresh, 0, nmax)
+    keep = np.flatnonzero(d.reshape(-1) == 0)  # rare: patched rather than a full-size np.where
+    if keep.size:
+        fresh[:, keep] = levels[:, keep]
+    return fresh
 
 
 def _max_positive(values: np.ndarray) -> np.ndarray:
@@ -247,6 +256,18 @@ def dequantize_q2_k(data: np.ndarray, row_length: int) -> np.ndarray:
     return values.reshape(data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.Q4_K, quantize_q4_k, dequantize_q4_k, supports_importance=True))
-register(QuantFormat(GGMLType.Q5_K, quantize_q5_k, dequantize_q5_k, supports_importance=True))
-register(QuantFormat(GGMLType.Q2_K, quantize_q2_k, dequantize_q2_k, supports_importance=True))
+register(
+    QuantFormat(
+        GGMLType.Q4_K, quantize_q4_k, dequantize_q4_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
+register(
+    QuantFormat(
+        GGMLType.Q5_K, quantize_q5_k, dequantize_q5_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
+register(
+    QuantFormat(
+        GGMLType.Q2_K, quantize_q2_k, dequantize_q2_k, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
-from ggufsmith.quantize.registry import QuantFormat, register
+from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     float_warnings_off,
@@ -33,7 +33,11 @@ GROUPS = QK_K // GROUP
 def _requantize(x: np.ndarray, levels: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
     """Levels of every group against its final (stored) scale, uint8 [16, groups] position-major
     like x; groups whose scale is 0 keep the search's levels, as ggml's `if (!d) continue;` does."""
-    return np.where(group_scale != 0, _fresh_levels(x, group_scale, nmax), levels)
+    fresh = _fresh_levels(x, group_scale, nmax)
+    keep = np.flatnonzero(group_scale == 0)  # rare: patched rather than a full-size np.where
+    if keep.size:
+        fresh[:, keep] = levels[:, keep]
+    return fresh
 
 
 def _fresh_levels(x: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
@@ -203,7 +207,11 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
     return values.reshape(data.shape[0], row_length)
 
 
-register(QuantFormat(GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True))
+register(
+    QuantFormat(
+        GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+    )
+)
 register(
     QuantFormat(
         GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True, chunk_elements=Q3_K_CHUNK_ELEMENTS

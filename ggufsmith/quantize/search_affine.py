@@ -30,6 +30,7 @@ from ggufsmith.quantize.numerics import (
     float_warnings_off,
     nearest_int,
     nearest_int_clipped,
+    scratch,
     sum_from_first,
 )
 
@@ -71,6 +72,7 @@ def make_qkx_quants(
 
 def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     fnmax = F32(nmax)
+    n_blocks = x.shape[1]
     low = first_min(x)
     high = np.maximum.reduce(x, axis=0)
     lowest = low.copy()  # the data's minimum, for bounding |x - min| below
@@ -79,10 +81,22 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     low[low > 0] = 0  # the_min is never negative: blocks above zero get min 0
     flat = high == low
     flat_min = low[flat]  # flat blocks return early in C; their arithmetic here is discarded
+    if flat_min.size:
+        # Make it cheap: all levels 0 (so det = 0 and no candidate is ever kept), span 1, and
+        # the bound in levels_into finite. x is our own copy; sum_w and sum_x are done.
+        x[:, flat] = 0
+        low[flat] = lowest[flat] = 0
+        high[flat] = 1
 
-    buf = aligned_empty(x.shape)
-    tmp = aligned_empty(x.shape)
-    tmp2 = aligned_empty(x.shape)
+    if n_blocks >= 8:  # a whole-row reduction over axis 0 is C's sequential order (numerics.py)
+        def add_rows(terms, out):
+            np.add.reduce(terms, axis=0, out=out)
+    else:
+        def add_rows(terms, out):
+            out[...] = sum_from_first(terms)
+
+    buf, tmp, tmp2 = (scratch(f"qkx.{name}", x.shape) for name in ("levels", "terms", "terms2"))
+    bound = np.empty(n_blocks, dtype=F32)
 
     def levels_into(out, iscale, low, span):
         """out = MAX(0, MIN(nmax, nearest_int(iscale * (x - low)))) as float32; span = high - low."""
@@ -90,17 +104,17 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         np.multiply(out, iscale, out=out)
         # |x - min| <= max(high - min, min - lowest) per block, and rounding is monotonic: when
         # that bound times iscale is in nearest_int's exact range, np.rint rounds the same way.
-        reach = np.subtract(low, lowest)
-        np.maximum(span, reach, out=reach)
-        reach *= np.abs(iscale)
-        if np.maximum.reduce(reach) <= NEAREST_INT_EXACT:  # False for NaN
+        np.subtract(low, lowest, out=bound)
+        np.maximum(span, bound, out=bound)
+        np.multiply(bound, np.abs(iscale), out=bound)
+        if np.maximum.reduce(bound) <= NEAREST_INT_EXACT:  # False for NaN
             np.rint(out, out=out)
             np.clip(out, 0, fnmax, out=out)
         else:
             out[...] = nearest_int_clipped(out, 0, nmax)
         return out
 
-    def error_of(scale, levels, low):
+    def error_into(out, scale, levels, low):
         """Sum over the block of w * |diff| (or w * diff^2), diff = scale*L + min - x, in C order."""
         diff = np.multiply(levels, scale, out=tmp)
         diff += low
@@ -110,48 +124,73 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         else:
             np.multiply(diff, diff, out=diff)
         diff *= w
-        return sum_from_first(diff)
+        add_rows(diff, out)
+        return out
 
-    # high - low, but 1 for flat blocks: their (discarded) arithmetic then stays finite, so the
-    # check in levels_into needs no mask.
-    span = np.where(flat, F32(1), high - low)
-    iscale = fnmax / span
-    scale = F32(1) / iscale
-    best_iscale, best_low = iscale.copy(), low.copy()  # what the kept levels were rounded with
-    best_error = error_of(scale, levels_into(buf, iscale, low, span), low)
+    # The kept fit of each block: the candidate's iscale and min its levels were rounded with,
+    # its error, scale and min. A candidate's values are written into the rows of `trial` and
+    # the winners copied over in one call.
+    ISCALE, ERROR, SCALE, MIN = range(4)
+    kept = np.empty((4, n_blocks), dtype=F32)
+    trial = np.empty((4, n_blocks), dtype=F32)
+    kept[MIN] = low
+    low = kept[MIN]
+    span = high - low
+    np.divide(fnmax, span, out=kept[ISCALE])
+    best_low = low.copy()
+    scale = kept[SCALE]
+    np.divide(F32(1), kept[ISCALE], out=scale)
+    error_into(kept[ERROR], scale, levels_into(buf, kept[ISCALE], low, span), low)
+
+    # The three sums of a candidate and the 2x2 solve, as whole (3, blocks) operations:
+    #   det = sum_w*sum_l2 - sum_l*sum_l, scale*det = sum_w*sum_xl - sum_x*sum_l,
+    #   min*det = sum_x*sum_l2 - sum_l*sum_xl  (C's order within each product; x*y == y*x)
+    # as firsts * seconds - sum_l * lasts, with firsts = [sum_w, sum_w, sum_x],
+    # seconds = [sum_l2, sum_xl, sum_l2] and lasts = [sum_l, sum_x, sum_xl].
+    firsts = np.stack([sum_w, sum_w, sum_x])
+    seconds = np.empty((3, n_blocks), dtype=F32)
+    lasts = np.empty((3, n_blocks), dtype=F32)
+    lasts[1] = sum_x
+    sum_l, sum_l2, sum_xl = lasts[0], seconds[0], seconds[1]
+    solve = np.empty((3, n_blocks), dtype=F32)
+    products = np.empty((3, n_blocks), dtype=F32)
+    positive_min = np.empty(n_blocks, dtype=bool)
+    better = np.empty(n_blocks, dtype=bool)
+    improved = np.empty(n_blocks, dtype=bool)
     stretches = [F32(rmin) + F32(rdelta) * F32(step) + fnmax for step in range(nstep + 1)] if nstep >= 1 else []
     for stretch in stretches:
-        trial_iscale = stretch / span
-        trial = levels_into(buf, trial_iscale, low, span)
-        weighted = np.multiply(w, trial, out=tmp)
-        sum_l = sum_from_first(weighted)
-        sum_l2 = sum_from_first(np.multiply(weighted, trial, out=tmp2))
-        sum_xl = sum_from_first(np.multiply(weighted, x, out=tmp2))
-        det = sum_w * sum_l2 - sum_l * sum_l
-        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        positive_min = this_min > 0
+        trial_iscale = np.divide(stretch, span, out=trial[ISCALE])
+        levels = levels_into(buf, trial_iscale, low, span)
+        weighted = np.multiply(w, levels, out=tmp)
+        add_rows(weighted, sum_l)
+        add_rows(np.multiply(weighted, levels, out=tmp2), sum_l2)
+        add_rows(np.multiply(weighted, x, out=tmp2), sum_xl)
+        seconds[2] = sum_l2
+        lasts[2] = sum_xl
+        np.multiply(firsts, seconds, out=solve)
+        solve -= np.multiply(lasts, sum_l, out=products)
+        det = solve[0]
+        this_scale, this_min = trial[SCALE], trial[MIN]
+        np.divide(solve[1:], det, out=trial[SCALE:])
+        np.greater(this_min, 0, out=positive_min)
         if positive_min.any():
-            this_min[positive_min] = 0
-            this_scale = np.where(positive_min, sum_xl / sum_l2, this_scale)
-        error = error_of(this_scale, trial, this_min)
-        better = det > 0
-        better &= error < best_error
-        if better.any():
-            np.copyto(best_iscale, trial_iscale, where=better)
-            np.copyto(best_low, low, where=better)
-            np.copyto(best_error, error, where=better)
-            np.copyto(scale, this_scale, where=better)
-            np.copyto(low, this_min, where=better)
+            np.putmask(this_min, positive_min, F32(0))  # np.copyto(where=), but faster
+            np.putmask(this_scale, positive_min, sum_xl / sum_l2)
+        error_into(trial[ERROR], this_scale, levels, this_min)
+        np.greater(det, 0, out=better)
+        better &= np.less(trial[ERROR], kept[ERROR], out=improved)
+        winners = np.flatnonzero(better)
+        if winners.size:
+            best_low[winners] = low[winners]
+            kept[:, winners] = trial[:, winners]
             np.subtract(high, low, out=span)
-            np.copyto(span, F32(1), where=flat)
 
-    levels = levels_into(aligned_empty(x.shape), best_iscale, best_low, np.where(flat, F32(1), high - best_low))
+    levels = levels_into(aligned_empty(x.shape), kept[ISCALE], best_low, high - best_low)
     if flat.any():
         levels[:, flat] = 0
-        scale = np.where(flat, F32(0), scale)
+        scale[flat] = 0
         low[flat] = flat_min
-    return scale.astype(F32, copy=False), (-low).astype(F32, copy=False), levels
+    return scale.copy(), -low, levels
 
 
 @float_warnings_off
@@ -167,9 +206,14 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
     n = x.shape[0]
     fnmax = F32(nmax)
 
-    high = np.zeros(x.shape[1], dtype=F32)
-    for row in x:  # C's MAX(max, x[i]) = max > x[i] ? max : x[i], NaN included
-        high = np.where(high > row, high, row)
+    if np.isfinite(x).all():
+        # C's max from 0: the largest value wherever it is positive; where it is not, the block
+        # counts as all zero and its results are overwritten below, whatever the sign of zero.
+        high = np.maximum.reduce(x, axis=0)
+    else:
+        high = np.zeros(x.shape[1], dtype=F32)
+        for row in x:  # C's MAX(max, x[i]) = max > x[i] ? max : x[i], NaN included
+            high = np.where(high > row, high, row)
     all_zero = high < GROUP_MAX_EPS
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -196,29 +240,63 @@ def make_qp_quants(x: np.ndarray, nmax: int, quant_weights: np.ndarray) -> tuple
         sumlx = sum_from_first(wx * levels_f)
         suml2 = sum_from_first(qw * levels_f * levels_f)
 
-        for _ in range(5):
-            changed = np.zeros(x.shape[1], dtype=bool)
-            for i in range(n):
-                w = qw[i]
-                held = levels_u8[i].astype(F32)
-                slx = sumlx - wx[i] * held
-                sl2 = suml2 - w * held * held
-                can_move = (slx > 0) & (sl2 > 0)
-                new_l = np.minimum(nearest_int(x[i] * sl2 / slx), nmax)
-                moved = can_move & (new_l != levels_u8[i])
-                new_f = new_l.astype(F32)
-                slx = slx + wx[i] * new_f
-                sl2 = sl2 + w * new_f * new_f
-                accept = moved & (slx * slx * suml2 > sumlx * sumlx * sl2)
-                if accept.any():
-                    levels_u8[i] = np.where(accept, new_l & 0xFF, levels_u8[i])
-                    sumlx = np.where(accept, slx, sumlx)
-                    suml2 = np.where(accept, sl2, suml2)
-                    changed |= accept
-            if not changed.any():
-                break  # a pass without change leaves the state as it was: later passes would too
+        _qp_sweeps(x, wx, qw, levels_u8, sumlx, suml2, nmax)
         result = np.where(suml2 > 0, sumlx / suml2, F32(0))
 
     result = np.where(all_zero, F32(0), result).astype(F32)
     levels_u8[:, all_zero] = 0
     return result, levels_u8
+
+
+QP_SWEEPS = 5
+
+
+def _qp_sweeps(x, wx, qw, levels_u8, sumlx, suml2, nmax) -> None:
+    """make_qp_quants' up to QP_SWEEPS sweeps that move one level at a time, in place on
+    levels_u8 (the uint8 values of C's L[], [n, blocks]) and the blocks' running sums.
+
+    In C, position i of a sweep proposes a new level from the sums without i's term and keeps it
+    if the fit improves; a block's state changes only when a move is kept, which is rare (~0.15
+    moves per block on imatrix-weighted Q2_K scales). So rather than stepping through the n
+    positions with ~20 small numpy calls each, each round computes every position's proposal and
+    verdict from the current state at once and applies each block's first kept move at or after
+    where its sweep stands: the positions before it were evaluated from that same state in C too.
+    A block with no kept move ahead ends its sweep; if that sweep moved something and sweeps
+    remain, the next one starts at position 0 from the same state, so its first kept move is the
+    block's first kept move anywhere; otherwise the block is done and leaves the rounds.
+    """
+    n = x.shape[0]
+    positions = np.arange(n)[:, None]
+    ids = np.arange(x.shape[1])  # blocks still sweeping
+    sweep = np.zeros(ids.size, dtype=np.int8)
+    resume = np.zeros(ids.size, dtype=np.intp)  # where the block's current sweep stands
+    moved = np.zeros(ids.size, dtype=bool)  # in its current sweep
+    while ids.size:
+        held_int = levels_u8[:, ids]
+        held = held_int.astype(F32)
+        weights, weighted_x = qw[:, ids], wx[:, ids]
+        run_lx, run_l2 = sumlx[ids], suml2[ids]
+        # C: slx = sumlx - w*x[i]*L[i]; sl2 = suml2 - w*L[i]*L[i]
+        slx = run_lx - weighted_x * held
+        sl2 = run_l2 - weights * held * held
+        # C: if (slx > 0 && sl2 > 0) new_l = MIN(nmax, nearest_int(x[i]*sl2/slx)), tried if != L[i]
+        new_l = np.minimum(nearest_int(x[:, ids] * sl2 / slx), nmax)
+        tried = (slx > 0) & (sl2 > 0) & (new_l != held_int)
+        new_f = new_l.astype(F32)
+        slx += weighted_x * new_f
+        sl2 += weights * new_f * new_f
+        kept = tried & (slx * slx * run_l2 > run_lx * run_lx * sl2)
+
+        ahead = kept & (positions >= resume)
+        has_ahead = ahead.any(axis=0)
+        restarts = ~has_ahead & moved & (sweep < QP_SWEEPS - 1) & kept.any(axis=0)
+        going = np.flatnonzero(has_ahead | restarts)
+        at = np.where(has_ahead, ahead.argmax(axis=0), kept.argmax(axis=0))[going]
+        block = ids[going]
+        levels_u8[at, block] = new_l[at, going] & 0xFF
+        sumlx[block] = slx[at, going]
+        suml2[block] = sl2[at, going]
+        ids = block
+        sweep = sweep[going] + restarts[going]
+        resume = at + 1
+        moved = np.ones(going.size, dtype=bool)

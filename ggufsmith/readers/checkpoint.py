@@ -5,9 +5,11 @@ Weights are found the way Hugging Face saves them, in this order of preference:
   pytorch_model.bin.index.json + shards, pytorch_model.bin.
 Tensors come in the order of their files (sorted by name, as llama.cpp's converter reads them)
 and, within a .safetensors file, sorted by name as llama.cpp's converter lists them (the file
-itself orders its data by dtype first); within a .bin file, in the file's own order. Weights of a
+itself orders its data by dtype first); within a .bin file, in the file's own order. A folder in
+Meta's own layout (params.json, consolidated.*.pth) is read by readers/meta.py into the same form. Weights of a
 release published quantized (config.json quantization_config) come either as tensors that keep
-their bytes, for a format GGUF shares (MXFP4), or dequantized (FP8, ...): readers/quantized.py.
+their bytes, for a format GGUF shares (MXFP4), or dequantized (FP8, GPTQ, AWQ, compressed-tensors):
+readers/quantized.py.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufsmith.readers.config import HFConfig
+from ggufsmith.readers.hub import repo_id_of_cached_folder
 from ggufsmith.readers.jsonfile import read_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import LazyTensor
+from ggufsmith.readers.meta import is_meta_checkpoint, open_meta_checkpoint
 from ggufsmith.readers.quantized import decode_quantized
 from ggufsmith.readers.safetensors import SafetensorsFile
 from ggufsmith.errors import ConversionError
@@ -55,9 +59,12 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ConversionError(f"{model_dir} is not a directory; give the folder of a Hugging Face model")
+    if is_meta_checkpoint(model_dir):
+        return open_meta_checkpoint(model_dir)
     config = HFConfig.from_dir(model_dir)
     files, weight_map = _weight_files(model_dir)
     checkpoint = Checkpoint(model_dir, config, {}, files)
+    checkpoint.repo_id = repo_id_of_cached_folder(model_dir)
     file_of: dict[str, Path] = {}  # tensor name -> the file it was read from
     try:
         for path in files:

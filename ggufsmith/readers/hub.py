@@ -26,16 +26,32 @@ def looks_like_repo_id(src: str | Path) -> bool:
     return isinstance(src, str) and not Path(src).exists() and _REPO_ID.fullmatch(src) is not None
 
 
-def resolve_source(src: str | Path, *, download: bool = False) -> tuple[Path, str | None]:
-    """(the model folder, the repository id or None): `src` itself when it is not an id."""
+def resolve_source(src: str | Path, *, download: bool = False, files: list[str] | None = None) -> tuple[Path, str | None]:
+    """(the model folder, the repository id or None): `src` itself when it is not an id. `files`:
+    the patterns of the files a download fetches (default: those a conversion reads)."""
     if not looks_like_repo_id(src):
         return Path(src), None
-    return snapshot_folder(str(src), download=download), str(src)
+    return snapshot_folder(str(src), download=download, files=files), str(src)
 
 
-def snapshot_folder(repo_id: str, revision: str | None = None, *, download: bool = False) -> Path:
+def repo_id_of_cached_folder(model_dir: Path) -> str | None:
+    """"Org/Model" when `model_dir` is a snapshot in a Hugging Face cache (models--Org--Model/
+    snapshots/<commit>), so that a model found there by path, or by a batch plan's repo id, is named
+    after its repository rather than after a commit hash; else None. The Hub forbids "--" in ids,
+    so the folder name splits back unambiguously."""
+    model_dir = Path(model_dir).resolve()
+    repo_folder = model_dir.parent.parent
+    if model_dir.parent.name != "snapshots" or not repo_folder.name.startswith("models--"):
+        return None
+    repo_id = "/".join(repo_folder.name[len("models--"):].split("--"))
+    return repo_id if _REPO_ID.fullmatch(repo_id) or "/" not in repo_id else None
+
+
+def snapshot_folder(repo_id: str, revision: str | None = None, *, download: bool = False,
+                    files: list[str] | None = None) -> Path:
     """The folder of `repo_id`'s snapshot (at `revision`, default the main branch) in the local
-    Hugging Face cache, fetched into it first only with `download`; ConversionError naming the id."""
+    Hugging Face cache, fetched into it first only with `download` (the files matching `files`,
+    default: those a conversion reads); ConversionError naming the id."""
     try:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
@@ -46,7 +62,7 @@ def snapshot_folder(repo_id: str, revision: str | None = None, *, download: bool
     try:
         if not download:
             return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, local_files_only=True))
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=_WANTED))
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=files or _WANTED))
     except LocalEntryNotFoundError:
         if download:
             raise ConversionError(f"{repo_id}: cannot download it (no connection to the Hugging Face Hub?)") from None

@@ -7,15 +7,17 @@ the converter then treats like any other weight (and quantizes anew for the outp
   - "fp8" (DeepSeek V3/R1, Kimi K2, Qwen3 FP8, MiniMax-M2): `X.weight` in F8_E4M3 and
     `X.weight_scale_inv`, one float per block of `weight_block_size` (e.g. 128 x 128; blocks at
     the edges are cut), or one per tensor without a block size. value = fp8 x scale_inv.
-  - "compressed-tensors" with format "float-quantized" / "int-quantized" / "naive-quantized"
-    (llm-compressor's FP8 and INT8): `X.weight` and `X.weight_scale`, per channel (one per output
-    row), per tensor, or per block (`block_structure`). value = stored x scale.
+  - "compressed-tensors" with format "float-quantized" (llm-compressor's FP8), or the int formats
+    with block scales: `X.weight` and `X.weight_scale`, per channel (one per output row), per
+    tensor, or per block (`block_structure`). value = stored x scale. (Integer codes per channel
+    or group, with zero points, packed or not: readers/integer_quantized.py.)
   - "fbgemm_fp8" (Llama 4 Maverick FP8): `X.weight` and `X.weight_scale`, one per output row.
 
 The product is computed in float32, as transformers' and llama.cpp's dequantization compute it, so
 the values are theirs bit for bit. A 2-D weight stays row-sliceable: a slice of rows reads only
 its rows and their scales. Activation scales (used only by FP8 matmul kernels) are dropped.
-Formats not handled here are refused in one line naming the method.
+readers/quantized.py reads config.json's `quantization_config` and calls the handler here for the
+methods it lists.
 """
 
 from __future__ import annotations
@@ -25,44 +27,25 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ggufsmith.errors import ConversionError
-from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor, RowSlicedTensor
 
 FLOAT8 = ("F8_E4M3", "F8_E5M2")
-# Tensors beside the weights that only FP8 matmul kernels use.
-ACTIVATION_SCALES = (".activation_scale", "_activation_scale", ".input_scale", ".qscale_act")
+# Tensors beside the weights that only quantized-activation matmul kernels use (FP8, W8A8).
+ACTIVATION_SCALES = (".activation_scale", "_activation_scale", ".input_scale", ".qscale_act", ".input_zero_point",
+                     ".output_scale", ".output_zero_point")
 
 
-def dequantize_checkpoint(tensors: dict[str, LazyTensor], config: HFConfig) -> dict[str, LazyTensor]:
-    """`tensors` with every quantized weight replaced by its float32 values, in the same order."""
-    quant = config.get_dict("quantization_config", default=None)
-    if quant is None:
-        _refuse_unscaled(tensors, config)
-        return tensors
-    qc = config.sub("quantization_config")
-    method = qc.get_str("quant_method", default=None)
-    if method == "fp8":
-        block = qc.get_list("weight_block_size", default=None)
-        scales = _pairs(tensors, "_scale_inv")
-    elif method == "compressed-tensors":
-        block = _compressed_tensors_block(qc)
-        scales = _pairs(tensors, "_scale")
-    elif method == "fbgemm_fp8":
-        block = None
-        scales = _pairs(tensors, "_scale")
-    else:
-        raise ConversionError(f"{config.path}: quantization_config quant_method {method!r} is not supported "
-                              "(supported: mxfp4, fp8, fbgemm_fp8, compressed-tensors float/int-quantized); convert an "
-                              "unquantized copy")
-    if block is not None and not (len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-        raise qc.error("weight_block_size", block, "two positive integers")
+def dequantize_float_scaled(tensors: dict[str, LazyTensor], suffix: str,
+                            block: Sequence[int] | None) -> dict[str, LazyTensor]:
+    """`tensors` with every weight that has a `<weight><suffix>` scale beside it replaced by its
+    float32 values, in the same order; activation scales dropped."""
+    scales = _pairs(tensors, suffix)
     out: dict[str, LazyTensor] = {}
     consumed = set(scales.values())
     for name, tensor in tensors.items():
         if name in consumed or name.endswith(ACTIVATION_SCALES):
             continue
         out[name] = dequantized(tensor, tensors[scales[name]], block) if name in scales else tensor
-    _refuse_unscaled(out, config)
     return out
 
 
@@ -76,29 +59,6 @@ def _pairs(tensors: dict[str, LazyTensor], suffix: str) -> dict[str, str]:
                 raise ConversionError(f"{tensors[name].source}: a scale without its weight {weight}")
             pairs[weight] = name
     return pairs
-
-
-def _compressed_tensors_block(qc: HFConfig) -> list[int] | None:
-    fmt = qc.get_str("format", default=None)
-    if fmt not in ("float-quantized", "int-quantized", "naive-quantized"):
-        raise ConversionError(f"{qc.label}: compressed-tensors format {fmt!r} is not supported "
-                              "(supported: float-quantized, int-quantized, naive-quantized)")
-    groups = qc.get_dict("config_groups")
-    if len(groups) != 1:
-        raise ConversionError(f"{qc.label}: {len(groups)} config_groups; one group of weights is supported")
-    weights = qc.sub("config_groups").sub(next(iter(groups))).get_dict("weights")
-    strategy = weights.get("strategy")
-    if strategy not in ("channel", "tensor", "block") or weights.get("group_size") is not None:
-        raise ConversionError(f"{qc.label}: weight strategy {strategy!r} is not supported (channel, tensor, block)")
-    return weights.get("block_structure") if strategy == "block" else None
-
-
-def _refuse_unscaled(tensors: dict[str, LazyTensor], config: HFConfig) -> None:
-    for name, tensor in tensors.items():
-        if tensor.dtype in FLOAT8:
-            file = config.path.parent / tensor.source.split(":", 1)[0]
-            raise ConversionError(f"{file}: tensor {name} is {tensor.dtype} without a scale (no {name}_scale_inv or "
-                                  f"{name}_scale that config.json's quantization_config names); its values are unknown")
 
 
 def dequantized(weight: LazyTensor, scale: LazyTensor, block: Sequence[int] | None) -> LazyTensor:

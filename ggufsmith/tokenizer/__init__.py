@@ -4,7 +4,8 @@ Two kinds are supported:
   "llama"  a SentencePiece BPE tokenizer.model (tokens, scores, types; llama.cpp's SPM tokenizer),
            or, without one, a SentencePiece-style (byte_fallback, "▁") BPE tokenizer.json
   "gpt2"   a byte-level BPE (tokens, merges, types, and the named pre-tokenizer), from tokenizer.json
-           or, without one, from the slow files vocab.json + merges.txt
+           or, without one, from the slow files vocab.json + merges.txt, or from Meta's Llama 3
+           tokenizer.model (a tiktoken file: tiktoken_file.py)
   "gemma4" Gemma 4's tokenizer.json (BPE merges over "▁"-escaped text; llama.cpp's gemma4 tokenizer),
            chosen by the architecture plugin
   "rwkv"   an RWKV world vocabulary file (llama.cpp's RWKV greedy byte-trie tokenizer)
@@ -40,6 +41,7 @@ from .sentencepiece import is_sentencepiece_model, load_sentencepiece_vocabulary
 from .sentencepiece import load_model_proto as load_sentencepiece_model
 from .sentencepiece_json import is_sentencepiece_style, load_sentencepiece_json_vocabulary
 from .special_tokens import add_special_tokens_metadata
+from .tiktoken_file import is_tiktoken_file, tokenizer_json_from_tiktoken
 from .tokenizer_json import load_tokenizer_json
 from .unigram import is_fairseq_model, is_unigram_json, load_unigram_vocabulary, unigram_model_file
 from .wordpiece import (
@@ -66,6 +68,8 @@ def detect_kind(model_dir: Path, tokenizer_json: dict | None = None) -> str:
         tokenizer_json = load_tokenizer_json(json_file)
     if is_unigram_json(tokenizer_json or {}) or (not json_file.is_file() and unigram_model_file(model_dir)):
         return "t5"
+    if model_file.is_file() and not json_file.is_file() and is_tiktoken_file(model_file):
+        return "gpt2"  # Meta's Llama 3 tokenizer.model
     if model_file.is_file() and (not json_file.is_file() or is_sentencepiece_model(model_file)):
         return "llama"
     if json_file.is_file():
@@ -124,7 +128,10 @@ def export_tokenizer(
         default_add_bos, default_add_eos = True, False
     elif kind == "gpt2":
         source = json_file
-        if not json_file.is_file():
+        if not json_file.is_file() and is_tiktoken_file(model_dir / TOKENIZER_MODEL):
+            source = model_dir / TOKENIZER_MODEL
+            tokenizer_json, files = tokenizer_json_from_tiktoken(source, model_dir)
+        elif not json_file.is_file():
             if not has_bpe_vocab_files(model_dir):
                 raise TokenizerError(
                     f"{json_file}: missing, and no {VOCAB_JSON} + {MERGES_TXT}; "

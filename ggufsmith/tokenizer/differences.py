@@ -107,6 +107,8 @@ def note_spacing_after_special_tokens(files: TokenizerFiles, differences: Tokeni
     with legacy false or unset, or a tokenizer.json Metaspace with prepend_scheme 'first', does not.
     `tokenizer_json`/`json_scheme`: the file and its Metaspace scheme, for a tokenizer.json only."""
     config_path = files.model_dir / TOKENIZER_CONFIG
+    if not config_path.is_file() and (files.model_dir / "params.json").is_file():
+        return  # Meta's layout (readers/meta.py): its tokenizer is SentencePiece itself, no transformers class
     tokenizer_class = get_typed(files.tokenizer_config, "tokenizer_class", str, config_path)
     if tokenizer_class in _LEGACY_CLASSES or (tokenizer_class is None and tokenizer_json is None):
         legacy = get_typed(files.tokenizer_config, "legacy", bool, config_path)

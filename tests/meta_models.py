@@ -1,0 +1,111 @@
+"""Small random llamas in the Hugging Face layout and the Meta layout of the same weights (params.json,
+consolidated.*.pth, tokenizer.model), derived as Meta's code lays them out: q/k rows in Meta's
+interleaved rotary order, Meta's names, model-parallel ranks split as fairscale splits them.
+Used by tests/test_meta_checkpoint.py and tests/test_damaged_meta.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests.damaged_inputs import EXAMPLE_MODEL
+
+RANKS = 2
+HIDDEN, HEADS, KV_HEADS, LAYERS = 128, 4, 2, 2
+VOCAB = 2000  # the example model's SentencePiece tokenizer.model
+
+# name -> (params.json, the Hugging Face config's differences, the axis the ranks split the embedding
+# along, None for a single consolidated.safetensors)
+LAYOUTS = {
+    "llama2": ({"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "multiple_of": 32,
+                "norm_eps": 1e-5, "vocab_size": -1},
+               {"intermediate_size": 352, "max_position_embeddings": 4096,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+               1),
+    "llama3.1": ({"dim": HIDDEN, "n_layers": LAYERS, "n_heads": HEADS, "n_kv_heads": KV_HEADS, "multiple_of": 64,
+                  "ffn_dim_multiplier": 1.3, "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True,
+                  "vocab_size": VOCAB},
+                 {"intermediate_size": 448, "max_position_embeddings": 131072,
+                  "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192}},
+                 0),
+    # Mistral 7B's params.json: head_dim and hidden_dim given, a sliding window; one consolidated.safetensors
+    "mistral": ({"dim": HIDDEN, "n_layers": LAYERS, "head_dim": HIDDEN // HEADS, "hidden_dim": 320, "n_heads": HEADS,
+                 "n_kv_heads": KV_HEADS, "norm_eps": 1e-5, "sliding_window": 4096, "vocab_size": VOCAB,
+                 "rope_theta": 1000000.0},
+                {"intermediate_size": 320, "max_position_embeddings": 32768,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                None),
+}
+
+
+def make_hf_llama(folder: Path, config_changes: dict, vocab: int = VOCAB) -> Path:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+        vocab_size=vocab, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        **config_changes)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):  # not all ones, so that a norm put in the wrong place shows
+                parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(EXAMPLE_MODEL / name, folder)
+    return folder
+
+
+def _to_meta_rotary(weight, n_head: int):
+    """Hugging Face's q/k rows (each head: first half | second half) in Meta's order (pairs)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def meta_tensors(hf_dir: Path, embedding_axis: int) -> dict[str, tuple[object, int | None]]:
+    """Meta name -> (whole tensor, the axis model-parallel ranks split it along; None: copied)."""
+    from safetensors.torch import load_file
+
+    hf = load_file(hf_dir / "model.safetensors")
+    tensors = {"tok_embeddings.weight": (hf["model.embed_tokens.weight"], embedding_axis),
+               "norm.weight": (hf["model.norm.weight"], None),
+               "output.weight": (hf["lm_head.weight"], 0)}
+    for i in range(LAYERS):
+        block = f"model.layers.{i}."
+        tensors |= {
+            f"layers.{i}.attention.wq.weight": (_to_meta_rotary(hf[block + "self_attn.q_proj.weight"], HEADS), 0),
+            f"layers.{i}.attention.wk.weight": (_to_meta_rotary(hf[block + "self_attn.k_proj.weight"], KV_HEADS), 0),
+            f"layers.{i}.attention.wv.weight": (hf[block + "self_attn.v_proj.weight"], 0),
+            f"layers.{i}.attention.wo.weight": (hf[block + "self_attn.o_proj.weight"], 1),
+            f"layers.{i}.feed_forward.w1.weight": (hf[block + "mlp.gate_proj.weight"], 0),
+            f"layers.{i}.feed_forward.w2.weight": (hf[block + "mlp.down_proj.weight"], 1),
+            f"layers.{i}.feed_forward.w3.weight": (hf[block + "mlp.up_proj.weight"], 0),
+            f"layers.{i}.attention_norm.weight": (hf[block + "input_layernorm.weight"], None),
+            f"layers.{i}.ffn_norm.weight": (hf[block + "post_attention_layernorm.weight"], None),
+        }
+    return tensors
+
+
+def write_meta_folder(folder: Path, hf_dir: Path, params: dict, embedding_axis: int | None,
+                      ranks: int = RANKS) -> Path:
+    import torch
+
+    folder.mkdir(parents=True)
+    tensors = meta_tensors(hf_dir, embedding_axis)
+    if embedding_axis is None:
+        from safetensors.torch import save_file
+
+        save_file({name: t.contiguous() for name, (t, _) in tensors.items()}, folder / "consolidated.safetensors")
+        ranks = 0
+    for rank in range(ranks):
+        state = {name: (t if axis is None else t.chunk(ranks, dim=axis)[rank]).clone()
+                 for name, (t, axis) in tensors.items()}
+        torch.save(state, folder / f"consolidated.{rank:02d}.pth")
+    (folder / "params.json").write_text(json.dumps(params))
+    shutil.copy(hf_dir / "tokenizer.model", folder)
+    return folder

@@ -1,0 +1,124 @@
+"""Meta-layout checkpoints (params.json + consolidated.*.pth + tokenizer.model, readers/meta.py).
+
+A small random llama is built with transformers and saved in the Hugging Face layout; the test
+derives Meta's layout of the same weights from it (q/k rows back to Meta's interleaved rotary order,
+Meta's names, two model-parallel ranks split as fairscale splits them). Two independent checks
+then hold the reader to account:
+  - llama.cpp's own converter of Meta checkpoints (examples/convert_legacy_llama.py, from the
+    llama-cpp-python sdist) converts the test's Meta folder to the same tensor bytes as ggufsmith
+    does, which also validates the derived layout (transformers 5 no longer ships its
+    Meta -> HF script);
+  - ggufsmith's conversion of the Meta folder equals its conversion of the Hugging Face folder
+    tensor for tensor, byte for byte, and llama.cpp runs both to the same logits, which match
+    transformers' for the Hugging Face model.
+Llama 3's layout differs: the embedding is split by rows, vocab_size is given and use_scaled_rope
+asks for Llama 3.1's frequency scaling (a rope_freqs tensor); the legacy converter cannot read it,
+so its check is the Hugging Face copy's (the HF config written as transformers' converter writes it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.family_models import hf_logits, llamacpp_logits, relative_error
+from tests.llamacpp_reference import legacy_converter, reference_env
+from tests.meta_models import LAYOUTS, make_hf_llama, write_meta_folder
+
+torch = pytest.importorskip("torch")
+
+TOKENS = [1, 450, 1996, 1354, 701, 432, 1204, 975, 278, 1366, 1203, 1889]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """layout -> (Hugging Face folder, Meta folder of the same weights)."""
+    root = tmp_path_factory.mktemp("meta")
+    made = {}
+    for layout, (params, config_changes, embedding_axis) in LAYOUTS.items():
+        hf_dir = make_hf_llama(root / f"{layout}-hf", config_changes)
+        made[layout] = (hf_dir, write_meta_folder(root / f"{layout}-meta", hf_dir, params, embedding_axis))
+    return made
+
+
+def tensors_of(path: Path) -> dict[str, tuple[tuple, int, bytes]]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), bytes(t.data)) for t in reader.tensors}
+
+
+def keys_of(path: Path) -> dict[str, object]:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def convert(src: Path, out: Path, outtype: str) -> Path:
+    import ggufsmith
+
+    ggufsmith.convert(src, out, outtype)
+    return out
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_meta_folder_converts_to_the_tensors_of_its_hugging_face_copy(models, layout, outtype, tmp_path):
+    hf_dir, meta_dir = models[layout]
+    from_meta = convert(meta_dir, tmp_path / "meta.gguf", outtype)
+    from_hf = convert(hf_dir, tmp_path / "hf.gguf", outtype)
+    meta_tensors_, hf_tensors = tensors_of(from_meta), tensors_of(from_hf)
+    assert list(meta_tensors_) == list(hf_tensors)  # same tensors, same order
+    different = [name for name in hf_tensors if meta_tensors_[name] != hf_tensors[name]]
+    assert different == []
+    meta_keys, hf_keys = keys_of(from_meta), keys_of(from_hf)
+    for key, value in hf_keys.items():
+        if key.startswith(("llama.", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "general.file_type")):
+            assert meta_keys.get(key) == value, key
+    if layout == "llama3.1":
+        assert "rope_freqs.weight" in meta_tensors_  # use_scaled_rope became Llama 3.1's frequency factors
+
+
+@pytest.mark.parametrize("outtype", ["f32", "f16"])
+def test_llamacpp_legacy_converter_gives_the_same_tensors(models, outtype, tmp_path):
+    """llama.cpp's converter of Meta checkpoints reads the test's Meta folder as ggufsmith does.
+    Llama 2's layout only: that script always joins the embedding's ranks by columns (and knows no
+    use_scaled_rope), so it cannot read Llama 3's."""
+    _, meta_dir = models["llama2"]
+    theirs = tmp_path / "legacy.gguf"
+    proc = subprocess.run([sys.executable, str(legacy_converter()), str(meta_dir), "--outfile", str(theirs),
+                           "--outtype", outtype], capture_output=True, text=True, env=reference_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ours = tensors_of(convert(meta_dir, tmp_path / "ours.gguf", outtype))
+    reference = tensors_of(theirs)
+    assert sorted(ours) == sorted(reference)
+    assert [name for name in reference if ours[name] != reference[name]] == []
+    our_keys, their_keys = keys_of(tmp_path / "ours.gguf"), keys_of(theirs)
+    for key in ("llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+                "llama.attention.head_count", "llama.attention.head_count_kv", "llama.rope.dimension_count",
+                "llama.attention.layer_norm_rms_epsilon", "llama.vocab_size"):
+        assert our_keys[key] == their_keys[key], key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_llamacpp_runs_the_meta_conversion_as_the_hugging_face_model(models, layout, tmp_path):
+    hf_dir, meta_dir = models[layout]
+    from_meta = llamacpp_logits(convert(meta_dir, tmp_path / "meta.gguf", "f32"), TOKENS)
+    from_hf = llamacpp_logits(convert(hf_dir, tmp_path / "hf.gguf", "f32"), TOKENS)
+    np.testing.assert_array_equal(from_meta, from_hf)
+    assert relative_error(from_meta, hf_logits(hf_dir, "LlamaForCausalLM", TOKENS)) < 1e-3
+
+
+def test_a_single_rank_and_its_split_convert_alike(models, tmp_path):
+    """One consolidated.00.pth (a 7B/8B release) and the same weights over four ranks."""
+    hf_dir, _ = models["llama2"]
+    params, _, axis = LAYOUTS["llama2"]
+    one = convert(write_meta_folder(tmp_path / "one", hf_dir, params, axis, ranks=1), tmp_path / "one.gguf", "f16")
+    four = convert(write_meta_folder(tmp_path / "four", hf_dir, params, axis, ranks=4), tmp_path / "four.gguf", "f16")
+    assert tensors_of(one) == tensors_of(four)

@@ -1,0 +1,41 @@
+"""The quantizer's per-chunk temporaries reuse the process's memory instead of faulting in fresh
+pages every chunk (ggufsmith/quantize/allocator.py): without it, glibc hands the top of the heap
+back to the kernel after each chunk and a K-quant pays 11,000-18,000 page faults per million
+values, a fifth to a third of its CPU time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MEASURE = textwrap.dedent(
+    """
+    import resource, sys
+    import numpy as np
+    from ggufsmith.quantize import quantize
+    rows = np.random.default_rng(0).standard_normal((256, 4096), dtype=np.float32)
+    quantize(rows, sys.argv[1])  # the first call grows the heap to its working size
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    quantize(rows, sys.argv[1])
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's; elsewhere it is a no-op")
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_repeated_quantization_reuses_memory_instead_of_faulting_pages(type_name):
+    # A fresh interpreter: the heap's state must not depend on what other tests allocated.
+    result = subprocess.run(
+        [sys.executable, "-c", MEASURE, type_name], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    faults = int(result.stdout.strip())
+    # 1M values: ~11,000 (Q6_K: ~4,000) faults without the setting, 0 with it; the output array
+    # (a few hundred KiB, mapped afresh each call) and numpy's own caches stay well below 300.
+    assert faults < 300, f"{type_name}: {faults} page faults quantizing 1M values a second time"
