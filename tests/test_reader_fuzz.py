@@ -1,6 +1,6 @@
 """Hypothesis fuzz tests of the GGUF reader, `inspect` and the importance-matrix readers: valid seed
-files (built by scripts/fuzz.py, which runs the same readers for long) with bytes overwritten,
-interesting integers written over fields, chunks cut out or repeated. Whatever the bytes, a reader
+files (built by scripts/fuzz_cases.py; scripts/fuzz.py runs the same readers for long) with bytes
+overwritten, interesting integers written over fields, chunks cut out or repeated. Whatever the bytes, a reader
 either reads the file or raises one of ggufsmith's own errors; what it reads, inspect can show.
 
 Derandomized (the same examples on every run) so that CI is stable; scripts/fuzz.py explores.
@@ -20,7 +20,7 @@ from ggufsmith.errors import GgufsmithError
 from ggufsmith.gguf_writer import inspect
 from ggufsmith.gguf_writer.reader import GGUFReader
 from ggufsmith.quantize.imatrix import read_imatrix
-from scripts.fuzz import INTERESTING, gguf_seeds, imatrix_dat_seeds, imatrix_gguf_seeds
+from scripts.fuzz_cases import INTERESTING, gguf_seeds, imatrix_dat_seeds, imatrix_gguf_seeds
 
 FUZZ = settings(derandomize=True, max_examples=250, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
