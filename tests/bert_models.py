@@ -68,9 +68,11 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
 
 
 def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False, seed: int = 0,
-               hidden_size: int = 64) -> Path:
+               hidden_size: int = 64, labels: list[str] | None = None) -> Path:
     """A random-weight BertModel (BertForMaskedLM; RobertaModel or XLMRobertaModel, whose positions
-    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`."""
+    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`;
+    with `labels`, the *ForSequenceClassification model of that family with those labels (a
+    reranker: one)."""
     import torch
     import transformers
 
@@ -82,10 +84,12 @@ def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = Fals
         hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
         max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
         pad_token_id=1 if roberta else 0,
+        **({"id2label": dict(enumerate(labels))} if labels else {}),
     )
     torch.manual_seed(seed)
-    model_class = transformers.XLMRobertaModel if xlmr else transformers.RobertaModel if roberta else transformers.BertForMaskedLM if masked_lm else transformers.BertModel
-    model = redraw_weights(model_class(config).eval())
+    family = "XLMRoberta" if xlmr else "Roberta" if roberta else "Bert"
+    head = "ForSequenceClassification" if labels else "ForMaskedLM" if masked_lm else "Model"
+    model = redraw_weights(getattr(transformers, family + head)(config).eval())
     model.save_pretrained(model_dir)
     return model_dir
 
@@ -105,6 +109,67 @@ def redraw_weights(model):
             else:
                 param.copy_(0.15 * torch.randn_like(param))
     return model
+
+
+def build_jina_v3(model_dir: Path, *, seed: int = 0, hidden_size: int = 64) -> Path:
+    """A random-weight JinaEmbeddingsV3Model (XLM-R with rotary attention, no position table) for the
+    XLM-R tokenizer already in `model_dir`, with sentence-transformers' mean pooling; transformers
+    saves it under the names of jina's own checkpoint (emb_ln, encoder.layers.N.mixer.Wqkv, ...)."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    config = transformers.JinaEmbeddingsV3Config(
+        vocab_size=len(tokenizer) + 3, hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=2 * hidden_size, max_position_embeddings=98, type_vocab_size=1, layer_norm_eps=1e-5)
+    torch.manual_seed(seed)
+    model = transformers.JinaEmbeddingsV3Model(config).eval()
+    redraw_weights(model)
+    model.save_pretrained(model_dir)
+    write_sentence_transformers_modules(model_dir, "mean", hidden_size=hidden_size)
+    return model_dir
+
+
+JINA_TASKS = ["retrieval.query", "retrieval.passage", "separation", "classification", "text-matching"]
+
+
+def jina_v3_as_published(source_dir: Path, model_dir: Path, *, rank: int = 4) -> Path:
+    """`source_dir`'s JinaEmbeddingsV3Model as jinaai/jina-embeddings-v3 publishes it for its own
+    (remote) code, which llama.cpp's converter reads: an XLMRobertaModel config with
+    position_embedding_type rotary and the task LoRA settings, the weights under "roberta.", each
+    linear and embedding weight as a parametrization (".parametrizations.weight.original") with
+    its stacked task adapters (".parametrizations.weight.0.lora_A/B", one per task)."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source_dir, model_dir, ignore=lambda folder, names: [
+        name for name in names if Path(folder) == source_dir and name in ("model.safetensors", "config.json")])
+    source = json.loads((source_dir / "config.json").read_text())
+    config = {key: source[key] for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                           "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "vocab_size",
+                                           "pad_token_id", "bos_token_id", "eos_token_id", "hidden_act")}
+    config |= {"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta", "position_embedding_type": "rotary",
+               "rotary_emb_base": source["rope_parameters"]["rope_theta"], "lora_adaptations": JINA_TASKS,
+               "task_instructions": {task: f"Instruction for {task}: " for task in JINA_TASKS},
+               "lora_rank": rank, "lora_alpha": 1, "lora_dropout_p": 0.0, "load_trained_adapters": True}
+    (model_dir / "config.json").write_text(json.dumps(config, indent=1))
+    generator = torch.Generator().manual_seed(1)
+    tensors = {}
+    for name, tensor in load_file(source_dir / "model.safetensors").items():
+        if not name.endswith(".weight") or tensor.dim() != 2:
+            tensors["roberta." + name] = tensor
+            continue
+        stem = "roberta." + name[:-len("weight")] + "parametrizations.weight."
+        tensors[stem + "original"] = tensor
+        rows, columns = tensor.shape
+        embedding = "embeddings" in name  # an embedding's adapter is stored the other way round
+        a_shape, b_shape = ((rows, rank), (rank, columns)) if embedding else ((rank, columns), (rows, rank))
+        tensors[stem + "0.lora_A"] = 0.1 * torch.randn(len(JINA_TASKS), *a_shape, generator=generator)
+        tensors[stem + "0.lora_B"] = 0.1 * torch.randn(len(JINA_TASKS), *b_shape, generator=generator)
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    return model_dir
 
 
 ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]

@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.ggml_activations import use_ggml_gelu
 from tests.bert_models import (
     SENTENCES, build_bert, llama_embeddings, pooled, train_roberta_bpe, train_wordpiece, train_xlmr_unigram,
     write_sentence_transformers_modules,
 )
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -100,16 +100,7 @@ def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
 
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bert_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("bert_gguf"))
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

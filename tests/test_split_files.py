@@ -3,8 +3,9 @@
 
 Oracles: llama.cpp (llama-cpp-python) loads a split model from its first part and must give the
 single file's logits; gguf-py's GGUFWriter(split_max_tensors=/split_max_size=), the writer of
-llama.cpp's converter, must write the same parts byte for byte as `ggufsmith split` (llama-gguf-split
-itself is not shipped by llama-cpp-python); merging our parts must give back the single file.
+llama.cpp's converter, must write the same parts byte for byte as `convert --split-max-*`; merging
+our parts must give back the single file. `ggufsmith split` and `merge` against llama-gguf-split
+itself: tests/test_llama_gguf_split.py.
 """
 
 from __future__ import annotations
@@ -136,11 +137,11 @@ def gguf_py_split(single: Path, dst: Path, **limits) -> list[Path]:
     (("--split-max-tensors", "7"), dict(split_max_tensors=7)),
     (("--split-max-size", "300K"), dict(split_max_size=300_000)),
 ])
-def test_split_writes_the_parts_gguf_py_writes(single, tmp_path, option, limits):
+def test_convert_writes_the_parts_gguf_py_writes(single, tmp_path, option, limits):
     (tmp_path / "theirs").mkdir()
     theirs = gguf_py_split(single, tmp_path / "theirs" / "m.gguf", **limits)
     assert len(theirs) > 2
-    proc = run_cli("split", single, tmp_path / "m", *option, "-q")
+    proc = run_cli("convert", EXAMPLE, tmp_path / "m.gguf", "--outtype", "f16", *option, "-q")
     assert proc.returncode == 0, proc.stderr
     ours = parts_of(tmp_path, "m")
     assert [p.name for p in ours] == [p.name for p in theirs]
@@ -209,5 +210,5 @@ def test_inspect_warns_of_a_missing_part(single, tmp_path):
 def test_split_dry_run_names_the_parts_and_writes_nothing(single, tmp_path):
     proc = run_cli("split", single, tmp_path / "m", "--split-max-tensors", "10", "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "would write 4 parts" in proc.stderr and "m-00004-of-00004.gguf" in proc.stderr
+    assert "would write 4 parts" in proc.stderr and "m-00004-of-00004.gguf (9 tensors" in proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -11,6 +11,14 @@ RoBERTa (`RobertaModel`) is the same graph: its position ids start after the pad
 (pad_token_id + 1, for the tokens of an unpadded text), so the rows before are cut off and the
 context is that much shorter, as llama.cpp's converter does; its tokenizer is a byte-level BPE.
 Every other tensor is stored as HF stores it.
+
+Classifiers and rerankers (`*ForSequenceClassification`: cross-encoder/ms-marco-MiniLM,
+bge-reranker) run through llama.cpp's rank pooling ({arch}.pooling_type = rank, written here so the
+file scores without --pooling rank): the CLS token's state, `cls` (a dense layer) and tanh, then
+`cls.output` (one row per label). BERT's head is its pooler (dense + tanh over the CLS token) and a
+`classifier` layer; RoBERTa's is `classifier.dense` + tanh and `classifier.out_proj`. llama.cpp
+gives every label's logit ({arch}.classifier.output_labels names them, one per row); softmax or
+sigmoid over them is the caller's, as with transformers' logits.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.tensors import Dim, T
-from ggufsmith.constants import Keys
+from ggufsmith.constants import GGUFValueType, Keys, PoolingType, arch_key
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -41,27 +49,66 @@ def linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
 
 
 _LAYER = "encoder.layer.{bid}."
-_BLOCK = "blk.{bid}."
+BLOCK = "blk.{bid}."
 _NAMES = {
     "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
     "embeddings.position_embeddings.weight": T("position_embd.weight", "n_ctx", "n_embd"),
     "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
     **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
-    **linear(_LAYER + "attention.self.query", _BLOCK + "attn_q", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.self.key", _BLOCK + "attn_k", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.self.value", _BLOCK + "attn_v", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.output.dense", _BLOCK + "attn_output", "n_embd", "n_embd"),
-    **layer_norm(_LAYER + "attention.output.LayerNorm", _BLOCK + "attn_output_norm"),
-    **linear(_LAYER + "intermediate.dense", _BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **linear(_LAYER + "output.dense", _BLOCK + "ffn_down", "n_embd", "n_ff"),
-    **layer_norm(_LAYER + "output.LayerNorm", _BLOCK + "layer_output_norm"),
+    **linear(_LAYER + "attention.self.query", BLOCK + "attn_q", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.key", BLOCK + "attn_k", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.self.value", BLOCK + "attn_v", "n_embd", "n_embd"),
+    **linear(_LAYER + "attention.output.dense", BLOCK + "attn_output", "n_embd", "n_embd"),
+    **layer_norm(_LAYER + "attention.output.LayerNorm", BLOCK + "attn_output_norm"),
+    **linear(_LAYER + "intermediate.dense", BLOCK + "ffn_up", "n_ff", "n_embd"),
+    **linear(_LAYER + "output.dense", BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **layer_norm(_LAYER + "output.LayerNorm", BLOCK + "layer_output_norm"),
 }
 
 
+# The classification heads, only in *ForSequenceClassification models (n_cls_out: their label count).
+_HEAD = "n_cls_out > 0"
+_OUTPUT = {"weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
+           "bias": T("cls.output.bias", "n_cls_out", when=_HEAD)}
+_BERT_HEAD = {  # BERT's pooler (dense + tanh over the CLS token), then `classifier`
+    "bert.pooler.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
+    "bert.pooler.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
+    "classifier.weight": _OUTPUT["weight"], "classifier.bias": _OUTPUT["bias"],
+}
+_ROBERTA_HEAD = {  # RoBERTa's classifier.dense + tanh, then classifier.out_proj
+    "classifier.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
+    "classifier.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
+    "classifier.out_proj.weight": _OUTPUT["weight"], "classifier.out_proj.bias": _OUTPUT["bias"],
+}
+_CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
+                "XLMRobertaForSequenceClassification")
+
+
+def output_labels(config: HFConfig) -> list[str]:
+    """A classifier's labels in id order, from config.json's id2label (transformers' default when
+    absent: LABEL_0, LABEL_1)."""
+    id2label = config.get_dict("id2label", default={"0": "LABEL_0", "1": "LABEL_1"})
+    ids = sorted(id2label, key=lambda k: int(k) if str(k).isdigit() else -1)
+    if [str(k) for k in ids] != [str(i) for i in range(len(ids))] or not ids or not all(
+            isinstance(v, str) for v in id2label.values()):
+        raise ConversionError(f"{config.path}: id2label must map each id from 0 to its label name (found keys "
+                              f"{list(id2label)[:5]}); it names the classifier's output rows")
+    return [id2label[k] for k in ids]
+
+
+def is_jina_v3(config: HFConfig) -> bool:
+    """jina-embeddings-v3 as jina publishes it for its own code: an XLMRobertaModel config with
+    rotary positions and task adapters, which the jina-bert-v3 plugin converts."""
+    return "XLMRobertaModel" in config.architectures and (
+        "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary")
+
+
 def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks: int,
-                 context: int, embd: int, ff: int, heads: int, eps: float, token_types: int) -> Metadata:
+                 context: int, embd: int, ff: int, heads: int, eps: float, token_types: int,
+                 pooling: PoolingType | None = None) -> Metadata:
     """The keys llama.cpp's bert-family encoders read (nomic-bert's too): sizes, the layer-norm
-    epsilon, bidirectional attention, the sentence-transformers pooling, the token-type count."""
+    epsilon, bidirectional attention, the pooling (`pooling`, else the sentence-transformers
+    folder's), the token-type count."""
     metadata = Metadata()
     keys = ArchKeys(metadata, arch)
     keys.u32(Keys.LLM.BLOCK_COUNT, blocks)
@@ -71,7 +118,7 @@ def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks
     keys.u32(Keys.Attention.HEAD_COUNT, heads)
     keys.f32(Keys.Attention.LAYERNORM_EPS, eps)
     keys.bool(Keys.Attention.CAUSAL, False)
-    pooling = folder.pooling if folder else None
+    pooling = pooling or (folder.pooling if folder else None)
     keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
     # A model key under the tokenizer's name: llama.cpp refuses a bert-family file without it.
     metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, token_types)
@@ -80,31 +127,37 @@ def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks
 
 class Bert(Architecture):
     name = "bert"
-    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel")
+    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", *_CLASSIFIERS)
     model_types = ("bert", "roberta", "xlm-roberta")
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
-    tensor_names = {**{f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}}
+    encoder_names = {f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}
+    tensor_names = {**encoder_names, **_BERT_HEAD, **_ROBERTA_HEAD}  # a classifier has its family's head only
     ignored_tensors = (
         r"((bert|roberta)\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
         r"((bert|roberta)\.)?pooler\.dense\.(weight|bias)",  # the pooler: not part of the embeddings
         r"cls\.predictions\..*",  # BertForMaskedLM's language-model head
     )
-    dim_names = ("n_token_types",)
+    dim_names = ("n_token_types", "n_cls_out")
     # BertConfig's defaults, for config.json files that leave them out.
     config_defaults = {"type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu",
                        "position_embedding_type": "absolute"}
+    position_embedding = "absolute"  # the position_embedding_type llama.cpp's graph for this arch has
+
+    @classmethod
+    def claims(cls, config: HFConfig) -> bool:
+        return super().claims(config) and not is_jina_v3(config)
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
         reject(c, c.get_str("hidden_act") not in GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
-        reject(c, c.get_str("position_embedding_type") != "absolute",
-               f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not absolute)")
+        reject(c, c.get_str("position_embedding_type") != self.position_embedding,
+               f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not {self.position_embedding})")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
         # XLM-RoBERTa (BGE-M3, multilingual-e5) is RoBERTa with a SentencePiece Unigram tokenizer.
-        roberta = c.model_type in ("roberta", "xlm-roberta") or any(
+        roberta = c.model_type in ("roberta", "xlm-roberta", "jina_embeddings_v3") or any(
             name in self.checkpoint_config.architectures for name in ("RobertaModel", "XLMRobertaModel"))
         # RoBERTa numbers positions from pad_token_id + 1 (RobertaConfig's default padding id is 1).
         self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
@@ -116,19 +169,28 @@ class Bert(Architecture):
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
                                       f"is {c.get_int('max_position_embeddings')}")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
+        self.labels = output_labels(c) if any(name in _CLASSIFIERS for name in c.architectures) else []
+        if self.labels:  # BERT's pooler is its classification head's first layer
+            self.ignored_tensors = tuple(p for p in self.ignored_tensors if "pooler" not in p)
+            self.tensor_names = {**self.encoder_names, **(_ROBERTA_HEAD if roberta else _BERT_HEAD)}
 
     def dims(self) -> dict[str, Dim]:
         count = self.config.get_int("type_vocab_size", min=1)
-        return {"n_token_types": Dim(int(count), count.origin)}
+        return {"n_token_types": Dim(int(count), count.origin), "n_cls_out": Dim(len(self.labels), "id2label")}
 
     def metadata(self) -> Metadata:
         c = self.config
-        return encoder_keys(self.name, self.sentence_transformers,
-                            blocks=c.get_int("num_hidden_layers", min=1),
-                            context=c.get_int("max_position_embeddings", min=1) - self.position_offset,
-                            embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
-                            heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("layer_norm_eps", min=0),
-                            token_types=self.dims()["n_token_types"].value)
+        pooling = PoolingType.RANK if self.labels else None  # a classification head runs in rank pooling only
+        metadata = encoder_keys(self.name, self.sentence_transformers, pooling=pooling,
+                                blocks=c.get_int("num_hidden_layers", min=1),
+                                context=c.get_int("max_position_embeddings", min=1) - self.position_offset,
+                                embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
+                                heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("layer_norm_eps", min=0),
+                                token_types=self.dims()["n_token_types"].value)
+        if self.labels:
+            metadata.add_array(arch_key(Keys.LLM.CLASSIFIER_OUTPUT_LABELS, self.name), self.labels,
+                               GGUFValueType.STRING)
+        return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name == "position_embd.weight" and self.position_offset:

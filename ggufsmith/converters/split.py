@@ -5,7 +5,10 @@ llama-gguf-split (tools/gguf-split) and gguf-py's split writer make them:
 
 - the first part has all the model's metadata; every part, the first included, ends its metadata
   with split.no (UINT16, 0-based), split.count (UINT16) and split.tensors.count (INT32, the
-  tensors of the whole model); the other parts have those three keys only;
+  tensors of the whole model); the other parts have those three keys only. gguf-py (and so
+  convert_hf_to_gguf.py, and llama-quantize --keep-split) write them in that order; llama-gguf-split
+  writes split.count last (it sets it once it knows the number of parts), and `ggufsmith split`
+  does the same, to write its bytes;
 - tensors keep the model's order and are cut into consecutive runs: a new part starts when the
   current one already has `max_tensors` tensors, or when the next tensor's data, padded to the
   alignment, would take the part's tensor data beyond `max_size` bytes (metadata is not counted,
@@ -91,20 +94,28 @@ def without_split_keys(metadata: Metadata) -> Metadata:
     return copy
 
 
-def split_plan(plan: ConversionPlan, dst: str | Path, rule: SplitRule, *,
-               always_named_parts: bool = False) -> list[tuple[Path, ConversionPlan]]:
+def split_plan(plan: ConversionPlan, dst: str | Path, rule: SplitRule, *, like_llama_gguf_split: bool = False,
+               metadata_only_first_part: bool = False) -> list[tuple[Path, ConversionPlan]]:
     """The files of `plan` cut by `rule`: [(path, plan of that part)]. A model that fits one part
     is written to `dst` as one file without split keys (as convert_hf_to_gguf.py does), unless
-    `always_named_parts` (llama-gguf-split: DST-00001-of-00001.gguf, with the keys)."""
+    `like_llama_gguf_split`: then always named parts (DST-00001-of-00001.gguf, with the keys), the
+    keys in llama-gguf-split's order. `metadata_only_first_part` (llama-gguf-split
+    --no-tensor-first-split): a first part with the metadata and no tensor, before the others
+    (its metadata can then be edited without rewriting any tensor)."""
     alignment = int(plan.metadata.get(Keys.General.ALIGNMENT, GGUF_DEFAULT_ALIGNMENT))
     groups = rule.groups([align_offset(t.nbytes, alignment) for t in plan.tensors])
-    if len(groups) == 1 and not always_named_parts:
+    if metadata_only_first_part:
+        groups.insert(0, [])
+    if len(groups) == 1 and not like_llama_gguf_split:
         return [(Path(dst), plan)]
-    return part_plans(plan, dst, [[plan.tensors[i] for i in group] for group in groups])
+    return part_plans(plan, dst, [[plan.tensors[i] for i in group] for group in groups],
+                      count_last=like_llama_gguf_split)
 
 
-def part_plans(plan: ConversionPlan, dst: str | Path, parts: list[list[PlannedTensor]]) -> list[tuple[Path, ConversionPlan]]:
-    """One plan per part, with the split.* keys (see the module docstring), and its path."""
+def part_plans(plan: ConversionPlan, dst: str | Path, parts: list[list[PlannedTensor]], *,
+               count_last: bool = False) -> list[tuple[Path, ConversionPlan]]:
+    """One plan per part, with the split.* keys (see the module docstring), and its path.
+    `count_last`: split.count after split.tensors.count, as llama-gguf-split orders them."""
     if len(parts) > MAX_PARTS:
         raise ConversionError(f"{dst}: the split would have {len(parts)} parts; llama.cpp names at most {MAX_PARTS}: "
                               "raise --split-max-size or --split-max-tensors")
@@ -114,7 +125,10 @@ def part_plans(plan: ConversionPlan, dst: str | Path, parts: list[list[PlannedTe
     for index, (path, tensors) in enumerate(zip(part_paths(dst, len(parts)), parts)):
         metadata = model_keys if index == 0 else Metadata()
         metadata.add(Keys.Split.NO, index, GGUFValueType.UINT16)
-        metadata.add(Keys.Split.COUNT, len(parts), GGUFValueType.UINT16)
+        if not count_last:
+            metadata.add(Keys.Split.COUNT, len(parts), GGUFValueType.UINT16)
         metadata.add(Keys.Split.TENSORS_COUNT, n_tensors, GGUFValueType.INT32)
+        if count_last:
+            metadata.add(Keys.Split.COUNT, len(parts), GGUFValueType.UINT16)
         jobs.append((path, dataclasses.replace(plan, metadata=metadata, tensors=tensors)))
     return jobs

@@ -10,6 +10,7 @@ merge keeps split.no and split.tensors.count and sets split.count to 0; llama.cp
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from ggufsmith.converters.fanout import write_plans
 from ggufsmith.converters.requantize import stored_plan
@@ -23,21 +24,31 @@ def _inputs(src: Path, n_splits: int) -> list[Path]:
     return split_paths(src, n_splits) if n_splits > 1 else [src]
 
 
-def split_gguf(src: str | Path, prefix: str | Path, rule: SplitRule, *, dry_run: bool = False,
-               progress: bool = False, force: bool = False) -> list[Path]:
+class SplitPart(NamedTuple):
+    """One file `split_gguf` writes (or would write, with dry_run)."""
+
+    path: Path
+    tensors: int
+    tensor_bytes: int  # the tensors' data, without padding or metadata
+
+
+def split_gguf(src: str | Path, prefix: str | Path, rule: SplitRule, *, metadata_only_first_part: bool = False,
+               dry_run: bool = False, progress: bool = False, force: bool = False) -> list[SplitPart]:
     """Cut the model `src` (one file, or the first part of a split one) into parts PREFIX-0000i-of-0000n.gguf
-    by `rule`; returns their paths. They appear together once all are complete."""
+    by `rule`; returns what each holds. They appear together once all are complete.
+    `metadata_only_first_part`: the first part has the metadata and no tensor (--no-tensor-first-split)."""
     if not rule.active:
         raise ConversionError("give --split-max-size N[K|M|G] or --split-max-tensors N")
     src = Path(src)
     with open_gguf_model(src) as model:
         inputs = _inputs(src, model.n_splits)
-        parts = split_plan(stored_plan(model), prefix, rule, always_named_parts=True)
+        parts = split_plan(stored_plan(model), prefix, rule, like_llama_gguf_split=True,
+                           metadata_only_first_part=metadata_only_first_part)
         for path, _ in parts:
             check_target(path, inputs, force=force)
         if not dry_run:
             write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs, force=force)
-    return [path for path, _ in parts]
+    return [SplitPart(path, len(part.tensors), part.total_bytes) for path, part in parts]
 
 
 def merge_gguf(first: str | Path, dst: str | Path, *, progress: bool = False, force: bool = False) -> Path:

@@ -298,7 +298,10 @@ class GGUFWriter:
             parts.append(enc.u32(info.ggml_type))
             parts.append(enc.u64(info.offset))
         header = b"".join(parts)
-        if self._tensors:  # a file without tensors ends right after its metadata, as ggml writes it
+        # A file without tensors (--vocab-only) ends right after its metadata, as gguf-py writes it; a
+        # part of a split model without tensors (--no-tensor-first-split) is padded, as both gguf-py
+        # and ggml (llama-gguf-split) write one.
+        if self._tensors or Keys.Split.COUNT in metadata:
             header += b"\0" * (align_offset(len(header), self.alignment) - len(header))
         return header
 

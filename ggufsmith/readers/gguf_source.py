@@ -120,6 +120,25 @@ def check_metadata_types(path: Path, metadata: Metadata) -> None:
             raise ConversionError(f"{path}: metadata {key} is {_type_name(item)}, not an integer; the file is damaged")
 
 
+_PART_KEYS = (Keys.Split.NO, Keys.Split.COUNT, Keys.Split.TENSORS_COUNT)
+
+
+def _check_part(part: GGUFReader, index: int, first: GGUFReader) -> None:
+    """Part `index` (0-based) of the split model whose first part is `first` says it is that part
+    of that split: llama.cpp's loader refuses a part whose split.no is not its place."""
+    def split_values(reader: GGUFReader) -> list:
+        values = [reader.metadata.get(key) for key in _PART_KEYS]
+        return [v if isinstance(v, int) and not isinstance(v, bool) else None for v in values]
+
+    found = split_values(part)
+    expected = [index, *split_values(first)[1:]]
+    if found != expected:
+        def described(values: list) -> str:
+            return ", ".join(f"{key}={'absent' if v is None else v}" for key, v in zip(_PART_KEYS, values))
+        raise ConversionError(f"{part.path}: not part {index + 1} of {first.path.name}'s split: it has {described(found)}, "
+                              f"expected {described(expected)}; are the parts from two different splits, or renamed?")
+
+
 def _type_name(item) -> str:
     return item.type.name if item.type != GGUFValueType.ARRAY else f"an ARRAY of {item.element_type.name}"
 
@@ -133,16 +152,22 @@ def open_gguf_model(path: str | os.PathLike) -> GGUFModel:
         count = int(first.metadata.get(Keys.Split.COUNT, 1) or 1)
         readers = [first]
         if count > 1:
-            for part in split_paths(path, count)[1:]:
+            for index, part in enumerate(split_paths(path, count)[1:], start=1):
                 if not part.exists():
                     raise ConversionError(f"{part}: missing part of the split model {path.name}")
                 readers.append(stack.enter_context(GGUFReader(part)))
+                _check_part(readers[-1], index, first)
         tensors: dict[str, GGUFTensor] = {}
         for index, reader in enumerate(readers):
             for t in reader.tensors:
                 if t.name in tensors:
-                    raise ConversionError(f"{reader.path}: tensor {t.name} appears twice in the model")
+                    raise ConversionError(f"{reader.path}: tensor {t.name} is also in an earlier part of {path.name}; "
+                                          "are the parts from two different splits?")
                 tensors[t.name] = gguf_tensor(t, reader.path, index)
+        expected = first.metadata.get(Keys.Split.TENSORS_COUNT)
+        if count > 1 and expected is not None and int(expected) != len(tensors):
+            raise ConversionError(f"{path}: the split model should have {int(expected)} tensors (split.tensors.count) but "
+                                  f"its {count} parts have {len(tensors)}; are the parts from two different splits?")
         return GGUFModel(path, first.metadata, tensors, first.alignment, count, stack)
     except BaseException:
         stack.close()

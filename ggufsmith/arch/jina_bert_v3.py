@@ -1,0 +1,78 @@
+"""jina-embeddings-v3 (transformers' `JinaEmbeddingsV3Model`, and the checkpoint jina publishes for
+its own code: an `XLMRobertaModel` config with rotary positions and task LoRA adapters) as
+llama.cpp's jina-bert-v3.
+
+The bert graph with XLM-RoBERTa's tokenizer and token types, rotary attention (NEOX pairs: HF's
+rotate_half, so the weights are stored as they are) in place of a position table, and one fused
+q/k/v projection (`mixer.Wqkv`, rows q then k then v, as llama.cpp's attn_qkv). The pooler is not
+part of the embeddings. jina's published checkpoint holds every linear and embedding weight as a
+parametrization (`...parametrizations.weight.original`) with five task adapters stacked beside it
+(`...parametrizations.weight.0.lora_A/B`: retrieval.query, retrieval.passage, separation,
+classification, text-matching). The base weights are converted; the adapters are left out with one
+notice, so the file computes the model without a task adapter (transformers' JinaEmbeddingsV3Model,
+jina's encode(task=None)). llama.cpp's converter writes each adapter to a GGUF adapter file of its
+own (`lora-<task>-<output>`, for llama.cpp's --lora), which ggufsmith does not yet.
+"""
+
+from __future__ import annotations
+
+from ggufsmith.arch.base import ArchKeys, HFConfig
+from ggufsmith.arch.bert import BLOCK, Bert, is_jina_v3, layer_norm, linear
+from ggufsmith.arch.rope import Rope
+from ggufsmith.arch.tensors import T
+from ggufsmith.constants import Keys
+from ggufsmith.errors import ConversionError
+from ggufsmith.gguf_writer.metadata import Metadata
+
+_LAYER = "encoder.layers.{bid}."
+_NAMES = {
+    "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+    "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
+    **layer_norm("emb_ln", "token_embd_norm"),
+    **linear(_LAYER + "mixer.Wqkv", BLOCK + "attn_qkv", "n_embd + 2 * n_head_kv * head_dim", "n_embd"),
+    **linear(_LAYER + "mixer.out_proj", BLOCK + "attn_output", "n_embd", "n_embd"),
+    **layer_norm(_LAYER + "norm1", BLOCK + "attn_output_norm"),
+    **linear(_LAYER + "mlp.fc1", BLOCK + "ffn_up", "n_ff", "n_embd"),
+    **linear(_LAYER + "mlp.fc2", BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **layer_norm(_LAYER + "norm2", BLOCK + "layer_output_norm"),
+}
+_PARAMETRIZED = ".parametrizations.weight.original"  # jina's published name of a weight with adapters
+
+
+class JinaBertV3(Bert):
+    name = "jina-bert-v3"
+    # XLMRobertaLoRA: jina's own class, in the config of a copy saved from its remote code
+    hf_classes = ("JinaEmbeddingsV3Model", "XLMRobertaLoRA")
+    model_types = ("jina_embeddings_v3",)
+    tensor_names = {f"{prefix}{hf}": entry for prefix in ("roberta.", "") for hf, entry in _NAMES.items()} | {
+        f"{prefix}{hf[:-len('.weight')]}{_PARAMETRIZED}": entry
+        for prefix in ("roberta.", "") for hf, entry in _NAMES.items() if hf.endswith(".weight")}
+    ignored_tensors = (
+        r"(roberta\.)?pooler\.dense\..*",  # the pooler (and its adapters): not part of the embeddings
+        r".*\.parametrizations\.weight\.0\.lora_[AB]",  # the task adapters: see the module docstring
+    )
+    # JinaEmbeddingsV3Config's defaults (its rope_theta too, read below).
+    config_defaults = {"type_vocab_size": 1, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
+                       "position_embedding_type": "rotary"}
+    position_embedding = "rotary"
+
+    @classmethod
+    def claims(cls, config: HFConfig) -> bool:
+        return any(a in cls.hf_classes for a in config.architectures) or is_jina_v3(config)
+
+    def __init__(self, config: HFConfig) -> None:
+        super().__init__(config)
+        tasks = self.config.get_list("lora_adaptations", default=[])
+        if tasks:  # told by check(), once the conversion is known to go ahead
+            self._skipped_notice = (f"{self.config.path}: left out the {len(tasks)} task LoRA adapters "
+                                    f"({', '.join(map(str, tasks))}): the file computes the model without one")
+
+    def metadata(self) -> Metadata:
+        metadata = super().metadata()
+        rope = Rope(self.config, "rotary_emb_base")
+        rope.require_unscaled()
+        if rope.theta is None:
+            raise ConversionError(f"{self.config.path}: no rotary base frequency (rope_parameters.rope_theta "
+                                  "or rotary_emb_base); add the model's")
+        ArchKeys(metadata, self.name).f32(Keys.Rope.FREQ_BASE, rope.theta)
+        return metadata
