@@ -67,27 +67,32 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False, seed: int = 0,
-               hidden_size: int = 64, labels: list[str] | None = None) -> Path:
-    """A random-weight BertModel (BertForMaskedLM; RobertaModel or XLMRobertaModel, whose positions
-    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`;
-    with `labels`, the *ForSequenceClassification model of that family with those labels (a
-    reranker: one)."""
+def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False,
+               camembert: bool = False, distilbert: bool = False, seed: int = 0, hidden_size: int = 64,
+               labels: list[str] | None = None) -> Path:
+    """A random-weight BertModel (BertForMaskedLM; RobertaModel, XLMRobertaModel or CamembertModel,
+    whose positions start at pad_token_id + 1 and which have one token type; DistilBertModel or
+    DistilBertForMaskedLM, BERT under other names without token types) for the tokenizer already in
+    `model_dir`; with `labels`, the *ForSequenceClassification model of that family with those labels
+    (a reranker: one)."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    roberta = roberta or xlmr
-    config_class = transformers.XLMRobertaConfig if xlmr else transformers.RobertaConfig if roberta else transformers.BertConfig
-    config = config_class(
-        vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
-        hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
-        max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
-        pad_token_id=1 if roberta else 0,
-        **({"id2label": dict(enumerate(labels))} if labels else {}),
-    )
+    roberta = roberta or xlmr or camembert
+    family = ("Camembert" if camembert else "XLMRoberta" if xlmr else "Roberta" if roberta else
+              "DistilBert" if distilbert else "Bert")
+    sizes = dict(vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
+                 max_position_embeddings=98 if roberta else 96, pad_token_id=1 if roberta else 0,
+                 **({"id2label": dict(enumerate(labels))} if labels else {}))
+    if distilbert:
+        config = transformers.DistilBertConfig(dim=hidden_size, n_layers=3, n_heads=4, hidden_dim=2 * hidden_size,
+                                               **sizes)
+    else:
+        config = getattr(transformers, family + "Config")(
+            hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
+            type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12, **sizes)
     torch.manual_seed(seed)
-    family = "XLMRoberta" if xlmr else "Roberta" if roberta else "Bert"
     head = "ForSequenceClassification" if labels else "ForMaskedLM" if masked_lm else "Model"
     model = redraw_weights(getattr(transformers, family + head)(config).eval())
     model.save_pretrained(model_dir)
@@ -100,7 +105,7 @@ def redraw_weights(model):
 
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "layernorm.weight" in name.lower():
+            if "layernorm.weight" in name.lower() or "layer_norm.weight" in name:
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif param.dim() == 1:
                 param.copy_(0.2 * torch.randn_like(param))
@@ -194,10 +199,11 @@ def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
     return fast
 
 
-def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
+def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500, tokenizer_class: str = "XLMRobertaTokenizer"):
     """A SentencePiece Unigram model (nmt_nfkc normalization) in XLM-RoBERTa's sentencepiece.bpe.model,
-    saved by transformers' XLMRobertaTokenizer as XLM-R folders ship it (tokenizer.json, whose ids
-    fairseq shifted); returns it."""
+    saved by transformers' XLMRobertaTokenizer (or `tokenizer_class`: CamembertTokenizer, whose
+    fairseq specials differ) as XLM-R folders ship it (tokenizer.json, whose ids fairseq shifted);
+    returns it."""
     import io
 
     import sentencepiece as spm
@@ -209,7 +215,7 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
                                    minloglevel=2)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "sentencepiece.bpe.model").write_bytes(buffer.getvalue())
-    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
     tokenizer.save_pretrained(model_dir)

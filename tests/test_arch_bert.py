@@ -53,10 +53,15 @@ MODELS = {
     "cls": dict(lowercase=False, masked_lm=True, pooling="cls"),
     "roberta": dict(roberta=True, pooling="mean"),
     "xlmr": dict(xlmr=True, pooling="cls"),
+    "distilbert": dict(lowercase=True, distilbert=True, pooling="mean"),
+    "distilbert_mlm": dict(lowercase=False, distilbert=True, masked_lm=True, pooling="cls"),
+    "camembert": dict(camembert=True, pooling="mean"),
 }
 # The tokenizer.ggml.pre the reference is told (it names tokenizers by hashing their ids for a test
 # text, and knows only published ones): ours. llama.cpp reads none for WPM; "gpt-2" is RoBERTa's regex.
-REFERENCE_PRE = {"mean": "default", "cls": "default", "roberta": "gpt-2", "xlmr": "default"}
+REFERENCE_PRE = {"mean": "default", "cls": "default", "roberta": "gpt-2", "xlmr": "default", "distilbert": "default",
+                 "distilbert_mlm": "default", "camembert": "default"}
+FAMILY_FLAGS = ("masked_lm", "roberta", "xlmr", "camembert", "distilbert")
 OUTTYPES = ("f32", "f16", "q8_0")
 # Per-token f32 states: the max over every component of every token (measured 1.2e-3..2.1e-3).
 TOKEN_TOLERANCE = 3e-3
@@ -71,12 +76,12 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
         model_dir = root / kind
         if spec.get("roberta"):
             train_roberta_bpe(model_dir)
-        elif spec.get("xlmr"):
-            train_xlmr_unigram(model_dir)
+        elif spec.get("xlmr") or spec.get("camembert"):
+            train_xlmr_unigram(model_dir, tokenizer_class="CamembertTokenizer" if spec.get("camembert") else
+                               "XLMRobertaTokenizer")
         else:
             train_wordpiece(model_dir, lowercase=spec["lowercase"])
-        build_bert(model_dir, masked_lm=spec.get("masked_lm", False), roberta=spec.get("roberta", False),
-                   xlmr=spec.get("xlmr", False))
+        build_bert(model_dir, **{flag: spec.get(flag, False) for flag in FAMILY_FLAGS})
         write_sentence_transformers_modules(model_dir, spec["pooling"], hidden_size=64)
         dirs[kind] = model_dir
     return dirs
@@ -124,7 +129,7 @@ def reference_with_ggml_gelu(model_dirs) -> dict[str, list[np.ndarray]]:
     for kind, model_dir in model_dirs.items():
         tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
         model = transformers.AutoModel.from_pretrained(model_dir).eval()
-        assert use_ggml_gelu(model) == 3  # one per layer
+        assert use_ggml_gelu(model, "activation" if MODELS[kind].get("distilbert") else "intermediate_act_fn") == 3
         with torch.no_grad():
             out[kind] = [model(torch.tensor([tokenizer(text)["input_ids"]])).last_hidden_state[0].double().numpy()
                          for text in SENTENCES]
@@ -196,10 +201,42 @@ XLMR_KEY_DIFFERENCES = {
 }
 
 
-@pytest.mark.parametrize("kind", MODELS)
+@pytest.mark.parametrize("kind", [kind for kind in MODELS if kind != "camembert"])
 def test_same_file_as_convert_hf_to_gguf(model_dirs, converted, tmp_path_factory, kind):
     references = reference_conversions(model_dirs[kind], tmp_path_factory.mktemp(f"bert_ref_{kind}"), OUTTYPES,
                                        pre=REFERENCE_PRE[kind])
     differences = XLMR_KEY_DIFFERENCES if kind == "xlmr" else BERT_KEY_DIFFERENCES
     for outtype in OUTTYPES:
         assert_same_file(converted(kind, outtype), references[outtype], differences)
+
+
+def test_camembert_against_convert_hf_to_gguf(model_dirs, converted, reference, tmp_path_factory):
+    """llama.cpp's converter registers CamembertModel with BERT's converter: it writes the
+    SentencePiece pieces as a WordPiece vocabulary (llama.cpp's `bert` tokenizer, a "▁" put before
+    each piece) and keeps every position row, where CamemBERT (RoBERTa) numbers positions from
+    pad_token_id + 1. Its file tokenizes otherwise than transformers and shifts every position by two;
+    ours has XLM-R's Unigram tokenizer and the rows from pad_token_id + 1 on. Every other tensor is
+    byte-identical, every other model key the same."""
+    theirs = reference_conversions(model_dirs["camembert"], tmp_path_factory.mktemp("bert_ref_camembert"), ("f32",),
+                                   pre="default")["f32"]
+    ours_k, ours_t = gguf_contents(converted("camembert", "f32"))
+    theirs_k, theirs_t = gguf_contents(theirs)
+    assert (ours_k["tokenizer.ggml.model"], theirs_k["tokenizer.ggml.model"]) == ("t5", "bert")
+    assert (ours_k["bert.context_length"], theirs_k["bert.context_length"]) == (96, 98)
+    for key in set(ours_k) & set(theirs_k):
+        if not key.startswith(("tokenizer.", "bert.context_length")):
+            assert ours_k[key] == pytest.approx(theirs_k[key]) if isinstance(ours_k[key], float) else \
+                ours_k[key] == theirs_k[key], key
+    assert list(ours_t) == list(theirs_t)
+    for name, (shape, ttype, data) in ours_t.items():
+        if name == "position_embd.weight":  # ours: their rows from pad_token_id + 1 = 2 on
+            n_embd, n_ctx = shape  # ggml's order; f32 rows of n_embd * 4 bytes
+            assert theirs_t[name][0] == (n_embd, n_ctx + 2) and data == theirs_t[name][2][2 * n_embd * 4:], name
+        else:
+            assert (shape, ttype, data) == theirs_t[name], name
+    llm = llama_cpp.Llama(model_path=str(theirs), vocab_only=True, verbose=False)
+    try:  # their tokenizer is not transformers' (ours is: test_llama_cpp_tokenizes_as_transformers)
+        assert all(llm.tokenize(text.encode(), add_bos=True, special=False) != ids
+                   for text, (ids, _) in zip(SENTENCES, reference["camembert"]))
+    finally:
+        llm.close()

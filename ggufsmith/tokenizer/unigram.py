@@ -39,7 +39,8 @@ _WHITESPACE_MARK = "\u2581"
 # transformers' classes that build their own normalizer (the charsmap only) and pre-tokenizer
 # (WhitespaceSplit, then Metaspace prepend_scheme always) around tokenizer.json's vocabulary.
 _T5_CLASSES = {"T5Tokenizer", "T5TokenizerFast", "MT5Tokenizer", "MT5TokenizerFast"}
-_OWN_PIPELINE_CLASSES = _T5_CLASSES | {"XLMRobertaTokenizer", "XLMRobertaTokenizerFast"}
+_OWN_PIPELINE_CLASSES = _T5_CLASSES | {"XLMRobertaTokenizer", "XLMRobertaTokenizerFast", "CamembertTokenizer",
+                                       "CamembertTokenizerFast"}
 _MAX_SENTINELS = 10_000  # T5 has 100; more is damage, and would grow the token list without bound
 _MULTIPLE_SPACES = {"Regex": " {2,}"}  # the Replace step older converted tokenizer.json files carry
 
