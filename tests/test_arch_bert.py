@@ -11,7 +11,15 @@ token-type and position embeddings included), in sentence-transformers folders:
     BPE tokenizer with RoBERTa's `<s> A </s>`, mean pooling;
   - "xlmr": XLMRobertaModel (RoBERTa's positions), a SentencePiece Unigram tokenizer (nmt_nfkc) saved
     by XLMRobertaTokenizer as tokenizer.json, exported as llama.cpp's t5 (UGM), CLS pooling
-    (measured f32 7e-4..8.5e-4, f16 1.7e-3..2.1e-3, q8_0 3.3e-2..4.2e-2 of the std).
+    (measured f32 7e-4..8.5e-4, f16 1.7e-3..2.1e-3, q8_0 3.3e-2..4.2e-2 of the std);
+  - "distilbert": DistilBertModel (its own names, no token types, epsilon fixed at 1e-12), uncased
+    WordPiece, mean pooling; "distilbert_mlm": DistilBertForMaskedLM (under "distilbert.", its
+    vocab_* head left out), cased, CLS pooling (measured f32 3.9e-4..1.2e-3, 1.5e-6..2.3e-4 against
+    ggml's GELU; f16 1.1e-3..3.1e-3; q8_0 3e-2..6.6e-2 of the std);
+  - "camembert": CamembertModel (RoBERTa's positions) with CamembertTokenizer's Unigram tokenizer.json
+    (fairseq's <s>NOTUSED ... ids), mean pooling (measured f32 5.3e-4..8.3e-4, 1e-5..3.7e-5 against
+    ggml's GELU; f16 1.1e-3..1.5e-3; q8_0 3.2e-2..4.6e-2). llama.cpp's converter gets CamemBERT wrong
+    (see test_camembert_against_convert_hf_to_gguf).
 Tolerances (max |llama.cpp - transformers| / std of the reference vector, and cosine similarity):
   - f32: 2e-3 and 0.99999; measured 4e-4..1.1e-3 (1 - cosine <= 1e-7). ggml evaluates GELU through
     a float16 table (inputs and outputs rounded to 11 bits), which bounds the agreement near 1e-3:
@@ -23,7 +31,8 @@ Tolerances (max |llama.cpp - transformers| / std of the reference vector, and co
   - q8_0: 0.15 and 0.999; measured 3e-2..7.5e-2 (1 - cosine <= 4e-4): 8-bit weights through three
     post-norm layers whose weights are redrawn large; a single CLS vector moves more than a mean.
 Leaving the token-type row out, shifting the position embeddings by one row or writing the other
-pooling mode makes these tests fail (checked by hand).
+pooling mode makes these tests fail (checked by hand); so do CamemBERT's positions without the
+RoBERTa offset and DistilBERT's two block norms swapped.
 """
 
 from __future__ import annotations
