@@ -10,7 +10,10 @@ which sentence-transformers does not use) are left out, as llama.cpp's converter
 RoBERTa (`RobertaModel`) is the same graph: its position ids start after the padding id
 (pad_token_id + 1, for the tokens of an unpadded text), so the rows before are cut off and the
 context is that much shorter, as llama.cpp's converter does; its tokenizer is a byte-level BPE.
-Every other tensor is stored as HF stores it.
+CamemBERT (`CamembertModel`) is RoBERTa with a SentencePiece Unigram tokenizer, as XLM-RoBERTa.
+DistilBERT (`DistilBertModel`, `DistilBertForMaskedLM`) is BERT's graph under names and config keys
+of its own, without token types and with the layer-norm epsilon fixed at 1e-12; its MaskedLM head
+(`vocab_*`) is left out. Every other tensor is stored as HF stores it.
 
 Classifiers and rerankers (`*ForSequenceClassification`: cross-encoder/ms-marco-MiniLM,
 bge-reranker) run through llama.cpp's rank pooling ({arch}.pooling_type = rank, written here so the
