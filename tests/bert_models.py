@@ -177,6 +177,30 @@ def jina_v3_as_published(source_dir: Path, model_dir: Path, *, rank: int = 4) ->
     return model_dir
 
 
+def build_eurobert(model_dir: Path, model_class: str = "EuroBertModel", pooling: str = "mean", seed: int = 0) -> Path:
+    """A random-weight EuroBertModel (or EuroBertForMaskedLM) with GQA and a Llama-3-style byte-level
+    BPE tokenizer, in a sentence-transformers folder with `pooling`."""
+    import torch
+    import transformers
+
+    from tests.family_models import randomize
+    from tests.tokenizer_helpers import train_bpe
+
+    train_bpe(model_dir, "llama3", vocab_size=700)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    config = transformers.EuroBertConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).eval()
+    randomize(model)
+    model.save_pretrained(model_dir)
+    write_sentence_transformers_modules(model_dir, pooling, hidden_size=64)
+    return model_dir
+
+
 ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 

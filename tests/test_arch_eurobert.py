@@ -27,11 +27,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.bert_models import SENTENCES, build_eurobert, llama_embeddings, pooled
 from tests.damaged_inputs import edit_json
-from tests.bert_models import SENTENCES, llama_embeddings, pooled, write_sentence_transformers_modules
-from tests.family_models import conversions, randomize
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
-from tests.tokenizer_helpers import train_bpe
 
 llama_cpp = pytest.importorskip("llama_cpp")
 torch = pytest.importorskip("torch")
@@ -44,22 +43,6 @@ MODELS = {"model": dict(model_class="EuroBertModel", pooling="mean"),
 OUTTYPES = ("f32", "f16", "q8_0")
 TOLERANCE = {"f32": (1e-3, 0.99999), "f16": (1.5e-2, 0.99999), "q8_0": (0.2, 0.997)}  # (max err / std, cosine)
 TOKEN_TOLERANCE = 2e-3  # every component of every token's state, f32
-
-
-def build_eurobert(model_dir: Path, model_class: str, pooling: str, seed: int = 0) -> Path:
-    train_bpe(model_dir, "llama3", vocab_size=700)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    config = transformers.EuroBertConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_class)(config).eval()
-    randomize(model)
-    model.save_pretrained(model_dir)
-    write_sentence_transformers_modules(model_dir, pooling, hidden_size=64)
-    return model_dir
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""DistilBERT and CamemBERT folders llama.cpp's bert graph cannot run as transformers does, or whose
+"""DistilBERT, CamemBERT and EuroBERT folders llama.cpp's bert graph cannot run as transformers does, or whose
 config.json does not describe the weights: each is refused in one line naming the key, class or
 tensor (contract: tests/damaged_inputs.py)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bert_models import build_bert, train_wordpiece, train_xlmr_unigram
+from tests.bert_models import build_bert, build_eurobert, train_wordpiece, train_xlmr_unigram
 from tests.damaged_inputs import assert_convert_refused, edit_json
 
 pytest.importorskip("transformers")
@@ -22,7 +22,8 @@ def originals(tmp_path_factory) -> dict[str, Path]:
         build_bert(root / kind, distilbert=True, hidden_size=32, **options)
     train_xlmr_unigram(root / "camembert", vocab_size=400, tokenizer_class="CamembertTokenizer")
     build_bert(root / "camembert", camembert=True, hidden_size=32)
-    return {kind: root / kind for kind in ("distilbert", "distilbert-classifier", "camembert")}
+    build_eurobert(root / "eurobert")
+    return {kind: root / kind for kind in ("distilbert", "distilbert-classifier", "camembert", "eurobert")}
 
 
 def _config(**changes):
@@ -39,6 +40,14 @@ CASES = {
     "distilbert-no-layer-count": ("distilbert", lambda d: edit_json(
         d / "config.json", lambda c: {k: v for k, v in c.items() if k != "n_layers"}), "n_layers"),
     "camembert-positions-start-past-the-table": ("camembert", _config(pad_token_id=120), "pad_token_id = 120"),
+    "eurobert-gelu-activation": ("eurobert", _config(hidden_act="gelu"), "hidden_act is 'gelu'"),
+    "eurobert-attention-biases": ("eurobert", _config(attention_bias=True), "attention_bias"),
+    "eurobert-rope-scaling": ("eurobert", _config(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                   "rope_theta": 10000.0}), "rope scaling 'linear'"),
+    "eurobert-more-kv-heads-than-stored": ("eurobert", _config(num_key_value_heads=4), "attn_k.weight"),
+    "eurobert-dense-after-pooling": ("eurobert", lambda d: edit_json(d / "modules.json", lambda m: m + [
+        {"idx": len(m), "name": str(len(m)), "path": "9_Dense", "type": "sentence_transformers.models.Dense"}]),
+                                     "Dense"),
 }
 
 
