@@ -275,3 +275,56 @@ def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray
                 for text in texts]
     finally:
         llm.close()
+
+
+def encoder_states(model_dir: Path, model_class: str = "AutoModel", patch=None) -> list[tuple[list[int], np.ndarray]]:
+    """Per sentence of SENTENCES: transformers' token ids and the last hidden state of the encoder in
+    `model_dir` (AutoModel: the encoder of a MaskedLM too), after patch(model) if given."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = getattr(transformers, model_class).from_pretrained(model_dir).eval()
+    if patch is not None:
+        patch(model)
+    rows = []
+    for text in SENTENCES:
+        ids = tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
+    return rows
+
+
+def assert_pooled_match(path: Path, rows, pooling: str, max_error: float, min_cosine: float, label: str) -> None:
+    """llama.cpp's pooled, normalized embedding of each sentence (the file's pooling) against
+    `pooling` over the reference states `rows` (encoder_states): max |difference| / std and cosine."""
+    for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(path, SENTENCES), rows):
+        expected = pooled(hidden, pooling)
+        error = np.abs(got - expected).max() / expected.std()
+        cosine = float(got @ expected / np.linalg.norm(got))
+        print(f"{label}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
+        assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+
+
+def assert_token_states_match(path: Path, rows, tolerance: float, label: str) -> None:
+    """Every token's state (pooling turned off) against the reference states: max |difference| / std."""
+    import llama_cpp
+
+    per_text = llama_embeddings(path, SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    for text, got, (_, hidden) in zip(SENTENCES, per_text, rows):
+        assert got.shape == hidden.shape, text
+        error = np.abs(got - hidden).max() / hidden.std()
+        print(f"{label} per token: max error / std {error:.1e}")
+        assert error <= tolerance, (text, error)
+
+
+def assert_tokenizes_as_transformers(path: Path, rows) -> None:
+    """llama.cpp's token ids of each sentence (with the file's BOS/EOS settings) are transformers'."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    try:
+        for text, (ids, _) in zip(SENTENCES, rows):
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
+    finally:
+        llm.close()

@@ -45,8 +45,8 @@ import pytest
 from ggufsmith.constants import PoolingType
 from tests.ggml_activations import use_ggml_gelu
 from tests.bert_models import (
-    SENTENCES, build_bert, llama_embeddings, pooled, train_roberta_bpe, train_wordpiece, train_xlmr_unigram,
-    write_sentence_transformers_modules,
+    SENTENCES, assert_pooled_match, assert_token_states_match, assert_tokenizes_as_transformers, build_bert,
+    encoder_states, train_roberta_bpe, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
 )
 from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
@@ -99,17 +99,7 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
     """kind -> per sentence: transformers' token ids and the encoder's last hidden state."""
-    out = {}
-    for kind, model_dir in model_dirs.items():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        model = transformers.AutoModel.from_pretrained(model_dir).eval()  # the encoder of BertForMaskedLM too
-        rows = []
-        for text in SENTENCES:
-            ids = tokenizer(text)["input_ids"]
-            with torch.no_grad():
-                rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
-        out[kind] = rows
-    return out
+    return {kind: encoder_states(model_dir) for kind, model_dir in model_dirs.items()}
 
 
 @pytest.fixture(scope="session")
@@ -121,28 +111,26 @@ def converted(model_dirs, tmp_path_factory):
 @pytest.mark.parametrize("kind", MODELS)
 def test_pooled_embeddings_match_transformers(converted, reference, kind, outtype):
     """The pooling comes from the file (mean, or the CLS token for the "cls" model)."""
-    max_error, min_cosine = TOLERANCE[outtype]
-    for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(converted(kind, outtype), SENTENCES), reference[kind]):
-        expected = pooled(hidden, MODELS[kind]["pooling"])
-        error = np.abs(got - expected).max() / expected.std()
-        cosine = float(got @ expected / np.linalg.norm(got))
-        print(f"{kind} {outtype}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}  ({text[:20]!r})")
-        assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+    assert_pooled_match(converted(kind, outtype), reference[kind], MODELS[kind]["pooling"], *TOLERANCE[outtype],
+                        f"{kind} {outtype}")
+
+
+def _ggml_gelu_patch(kind: str):
+    """use_ggml_gelu on the model's MLP blocks (DistilBERT's FFN keeps its GELU as `activation`),
+    asserting one per layer."""
+    attribute = "activation" if MODELS[kind].get("distilbert") else "intermediate_act_fn"
+
+    def patch(model):
+        assert use_ggml_gelu(model, attribute) == 3
+    return patch
 
 
 @pytest.fixture(scope="session")
-def reference_with_ggml_gelu(model_dirs) -> dict[str, list[np.ndarray]]:
-    """kind -> per sentence: the last hidden state of transformers' model with ggml's float16-table
-    GELU patched in (tests/ggml_activations.py): the reference without llama.cpp's activation rounding."""
-    out = {}
-    for kind, model_dir in model_dirs.items():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        model = transformers.AutoModel.from_pretrained(model_dir).eval()
-        assert use_ggml_gelu(model, "activation" if MODELS[kind].get("distilbert") else "intermediate_act_fn") == 3
-        with torch.no_grad():
-            out[kind] = [model(torch.tensor([tokenizer(text)["input_ids"]])).last_hidden_state[0].double().numpy()
-                         for text in SENTENCES]
-    return out
+def reference_with_ggml_gelu(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
+    """kind -> per sentence: token ids and the last hidden state of transformers' model with ggml's
+    float16-table GELU patched in (tests/ggml_activations.py): the reference without llama.cpp's
+    activation rounding."""
+    return {kind: encoder_states(model_dir, patch=_ggml_gelu_patch(kind)) for kind, model_dir in model_dirs.items()}
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -150,35 +138,20 @@ def test_f32_embeddings_are_exact_up_to_ggml_gelu(converted, reference_with_ggml
     """The issue's f32 bound (1e-3 of the std, cosine 0.99999) holds against transformers with ggml's
     GELU rounding patched in: the 2e-3 of the plain comparison above is llama.cpp's activation
     table, not the conversion."""
-    for text, got, hidden in zip(SENTENCES, llama_embeddings(converted(kind, "f32"), SENTENCES),
-                                 reference_with_ggml_gelu[kind]):
-        expected = pooled(hidden, MODELS[kind]["pooling"])
-        error = np.abs(got - expected).max() / expected.std()
-        cosine = float(got @ expected / np.linalg.norm(got))
-        print(f"{kind} f32 vs ggml-GELU reference: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
-        assert error <= 1e-3 and cosine >= 0.99999, (text, error, cosine)
+    assert_pooled_match(converted(kind, "f32"), reference_with_ggml_gelu[kind], MODELS[kind]["pooling"], 1e-3,
+                        0.99999, f"{kind} f32 vs ggml-GELU reference")
 
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_token_embeddings_match_transformers(converted, reference, kind):
     """Every token's last hidden state (pooling turned off), in f32: the positions and token types
     of each token, not only their average."""
-    per_text = llama_embeddings(converted(kind, "f32"), SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
-    for text, got, (ids, hidden) in zip(SENTENCES, per_text, reference[kind]):
-        assert got.shape == hidden.shape, text
-        error = np.abs(got - hidden).max() / hidden.std()
-        print(f"{kind} per token f32: max error / std {error:.1e}")
-        assert error <= TOKEN_TOLERANCE, (text, error)
+    assert_token_states_match(converted(kind, "f32"), reference[kind], TOKEN_TOLERANCE, f"{kind} f32")
 
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_llama_cpp_tokenizes_as_transformers(converted, reference, kind):
-    llm = llama_cpp.Llama(model_path=str(converted(kind, "f32")), vocab_only=True, verbose=False)
-    try:
-        for text, (ids, _) in zip(SENTENCES, reference[kind]):
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-    finally:
-        llm.close()
+    assert_tokenizes_as_transformers(converted(kind, "f32"), reference[kind])
 
 
 @pytest.mark.parametrize("kind", MODELS)

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.bert_models import SENTENCES, build_eurobert, llama_embeddings, pooled
+from tests.bert_models import (
+    assert_pooled_match, assert_token_states_match, assert_tokenizes_as_transformers, build_eurobert, encoder_states,
+)
 from tests.damaged_inputs import edit_json
 from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
@@ -54,17 +56,7 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
     """kind -> per sentence: transformers' token ids and the encoder's last hidden state."""
-    out = {}
-    for kind, model_dir in model_dirs.items():
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-        model = transformers.EuroBertModel.from_pretrained(model_dir).eval()  # the encoder of the MaskedLM too
-        rows = []
-        for text in SENTENCES:
-            ids = tokenizer(text)["input_ids"]
-            with torch.no_grad():
-                rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
-        out[kind] = rows
-    return out
+    return {kind: encoder_states(model_dir, "EuroBertModel") for kind, model_dir in model_dirs.items()}
 
 
 @pytest.fixture(scope="session")
@@ -75,33 +67,18 @@ def converted(model_dirs, tmp_path_factory):
 @pytest.mark.parametrize("outtype", OUTTYPES)
 @pytest.mark.parametrize("kind", MODELS)
 def test_pooled_embeddings_match_transformers(converted, reference, kind, outtype):
-    max_error, min_cosine = TOLERANCE[outtype]
-    for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(converted(kind, outtype), SENTENCES), reference[kind]):
-        expected = pooled(hidden, MODELS[kind]["pooling"])
-        error = np.abs(got - expected).max() / expected.std()
-        cosine = float(got @ expected / np.linalg.norm(got))
-        print(f"{kind} {outtype}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
-        assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+    assert_pooled_match(converted(kind, outtype), reference[kind], MODELS[kind]["pooling"], *TOLERANCE[outtype],
+                        f"{kind} {outtype}")
 
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_token_embeddings_match_transformers(converted, reference, kind):
-    per_text = llama_embeddings(converted(kind, "f32"), SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
-    for text, got, (_, hidden) in zip(SENTENCES, per_text, reference[kind]):
-        assert got.shape == hidden.shape, text
-        error = np.abs(got - hidden).max() / hidden.std()
-        print(f"{kind} per token f32: max error / std {error:.1e}")
-        assert error <= TOKEN_TOLERANCE, (text, error)
+    assert_token_states_match(converted(kind, "f32"), reference[kind], TOKEN_TOLERANCE, f"{kind} f32")
 
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_llama_cpp_tokenizes_as_transformers(converted, reference, kind):
-    llm = llama_cpp.Llama(model_path=str(converted(kind, "f32")), vocab_only=True, verbose=False)
-    try:
-        for text, (ids, _) in zip(SENTENCES, reference[kind]):
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-    finally:
-        llm.close()
+    assert_tokenizes_as_transformers(converted(kind, "f32"), reference[kind])
 
 
 def test_keys_and_masked_lm_head(converted):
