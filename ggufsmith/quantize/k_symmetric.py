@@ -41,8 +41,9 @@ def _requantize(x: np.ndarray, levels: np.ndarray, group_scale: np.ndarray, nmax
 
 
 def _fresh_levels(x: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
-    """clamp(nearest_int(x / group_scale)) + nmax as uint8, x: [16, groups]; meaningless where
-    group_scale is 0 (divided by 1 there, so that no Inf sends every group the slow way)."""
+    """clamp(nearest_int(x / group_scale)) + nmax as uint8, x: [16, groups] and group_scale
+    [groups] (or x [groups, 16] and group_scale [groups, 1]); meaningless where group_scale is 0
+    (divided by 1 there, so that no Inf sends every group the slow way)."""
     new = x / np.where(group_scale != 0, group_scale, np.float32(1))
     round_clamped(new, nmax)
     new += np.float32(nmax)
@@ -54,10 +55,15 @@ def _natural_order(levels_by_position: np.ndarray, n_blocks: int) -> np.ndarray:
     return transposed(levels_by_position).reshape(n_blocks, QK_K)
 
 
-def _super_scale(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(largest |scale| of each block, the signed scale that has it, the block's group scales)."""
+def _super_scale(group_scales: np.ndarray, when_finite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(largest |scale| of each block, the signed scale that has it, the block's group scales).
+    when_finite: take signed_max_abs's integer way (6x faster here) if every scale is finite
+    (Q3_K's measured gain; Q6_K keeps the float way, untried with it)."""
     by_block = group_scales.reshape(-1, GROUPS)
-    amax, signed = signed_max_abs(by_block.T)
+    if when_finite and np.isfinite(group_scales).all():
+        amax, signed = signed_max_abs(np.ascontiguousarray(by_block.T), finite=True)
+    else:
+        amax, signed = signed_max_abs(by_block.T)
     return amax, signed, by_block
 
 
@@ -116,7 +122,7 @@ Q3_K_BYTES = QK_K // 8 + QK_K // 4 + 12 + 2
 
 def _q3_k_scales_ref(group_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """quantize_row_q3_K_ref's 6-bit group scales (0 .. 63, 32 meaning 0) and super-scale."""
-    _, max_scale, by_block = _super_scale(group_scales)
+    _, max_scale, by_block = _super_scale(group_scales, when_finite=True)
     has_scale = max_scale != 0
     iscale = np.float32(-32) / max_scale
     stored = np.clip(nearest_int(iscale[:, None] * by_block), -32, 31) + 32
@@ -156,7 +162,7 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     x = position_major(rows, GROUP)
     by_group = rows.reshape(-1, GROUP)
     if importance is None:
-        group_scales, levels = make_q3_quants(x, by_group, 4)  # levels group-major, as by_group
+        group_scales, levels_of = make_q3_quants(x, by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
         weights = _q3_k_group_weights(rows, importance, x)
@@ -164,25 +170,46 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
         stored, d = _q3_k_scales_weighted(group_scales, sum_from_zero(weights))
     d_bytes, d_stored = fp16_round_trip(d)
     group_scale = (d_stored[:, None] * (stored.astype(np.float32) - np.float32(32))).reshape(-1)
-    if importance is None:  # the search's levels are group-major: patch the groups that keep them
-        fresh = _natural_order(_fresh_levels(x, group_scale, 4), n_blocks).reshape(-1, GROUP)
-        keep = np.flatnonzero(group_scale == 0)
-        fresh[keep] = levels[keep]
+    if importance is None:  # the search's levels are group-major, as the rows: stay so
+        fresh = _fresh_levels(by_group, group_scale[:, None], 4)
+        keep = np.flatnonzero(group_scale == 0)  # rare: these keep the search's levels
+        if keep.size:
+            fresh[keep] = levels_of(keep)
         levels = fresh.reshape(n_blocks, QK_K)
     else:
         levels = _natural_order(_requantize(x, levels, group_scale, 4), n_blocks)
 
     out = np.empty((n_blocks, Q3_K_BYTES), dtype=np.uint8)
-    eighths = levels.reshape(n_blocks, 8, 32)  # hmask bit b of byte m is value 32*b + m
-    high = (eighths > 3).astype(np.uint8) << np.arange(8, dtype=np.uint8)[None, :, None]
-    out[:, :32] = np.bitwise_or.reduce(high, axis=1)
-    low = (eighths & 3).reshape(n_blocks, 2, 4, 32)  # [block, half of 128, quarter of 32, value]
-    out[:, 32:96] = (low[:, :, 0] | (low[:, :, 1] << 2) | (low[:, :, 2] << 4) | (low[:, :, 3] << 6)).reshape(n_blocks, 64)
+    _pack_q3_k_levels(levels, out)
     out[:, 96:104] = (stored[:, :8] & 0x0F) | ((stored[:, 8:] & 0x0F) << 4)
     top = (stored >> 4).reshape(n_blocks, 4, 4) << (2 * np.arange(4, dtype=np.uint8))[None, :, None]
     out[:, 104:108] = np.bitwise_or.reduce(top, axis=1)
     out[:, 108:] = d_bytes
     return out.reshape(rows.shape[0], -1)
+
+
+# Bytes as lanes: the levels packed 8 to a uint64, every shift below keeps each byte's bits within
+# that byte, so one operation does the work of eight uint8 ones (5x faster than on the bytes).
+_BYTES_BIT_0 = np.uint64(0x0101010101010101)
+_BYTES_BITS_0_1 = np.uint64(0x0303030303030303)
+
+
+def _pack_q3_k_levels(levels: np.ndarray, out: np.ndarray) -> None:
+    """Levels 0 .. 7 (uint8 [blocks, 256], C-contiguous) into out[:, :96]: bit 2 of value
+    32*b + m is bit b of hmask byte m; bits 0-1 of value 128*h + 32*q + m are bits 2q, 2q+1 of
+    byte 32*h + m of the 2-bit planes."""
+    n_blocks = levels.shape[0]
+    words = levels.view(np.uint64).reshape(n_blocks, 8, 4)  # [block, eighth of 32 values, 8 values]
+    high = (words >> np.uint64(2)) & _BYTES_BIT_0
+    hmask = high[:, 0].copy()
+    for b in range(1, 8):  # explicit ORs: reduce over a short middle axis is several times slower
+        hmask |= high[:, b] << np.uint64(b)
+    out[:, :32] = hmask.view(np.uint8)
+    low = (words & _BYTES_BITS_0_1).reshape(n_blocks, 2, 4, 4)  # [block, half, quarter, 8 values]
+    planes = low[:, :, 0] | (low[:, :, 1] << np.uint64(2))
+    planes |= low[:, :, 2] << np.uint64(4)
+    planes |= low[:, :, 3] << np.uint64(6)
+    out[:, 32:96] = planes.view(np.uint8).reshape(n_blocks, 64)
 
 
 @float_warnings_off

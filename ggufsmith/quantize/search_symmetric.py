@@ -10,6 +10,8 @@ are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ggufsmith.quantize.numerics import (
@@ -110,49 +112,66 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
     return scale, out
 
 
-def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
     """ggml's make_q3_quants with do_rmse: start from -nmax/max, then up to 5 sweeps that move one
     value at a time to the level that most improves the x*x-weighted fit, keeping running sums.
 
     x: float32[n, groups], position-major (for the sums in C order); by_group: the same values as
-    [groups, n] (the rows as they are). Returns (scale float32[groups], levels uint8[groups, n] in
-    0 .. 2*nmax-1, group-major like by_group); all-zero groups get scale 0 and levels 0, as in ggml.
+    [groups, n] (the rows as they are). Returns (scale float32[groups], levels_of): levels_of(groups)
+    gives those groups' levels, uint8[len(groups), n] in 0 .. 2*nmax-1 (group-major like by_group).
+    Q3_K needs the search's levels only for the rare groups whose stored scale rounds to 0, so
+    they are made on request rather than for every group. All-zero groups get scale 0 and levels
+    0, as in ggml.
     """
     n, n_groups = x.shape
-    amax, iscale = np.empty((2, n_groups), dtype=np.float32)
     sum_lx, sum_l2 = np.empty((2, n_groups), dtype=np.float32)
     with np.errstate(all="ignore"):
+        amax, signed_max = signed_max_abs(x, finite=True)  # the registry checked it
+        iscale = np.float32(-nmax) / signed_max
         # The start's sums, tile by tile so that their arrays stay in cache.
         for start in range(0, n_groups, Q3_TILE_GROUPS):
             tile = slice(start, start + Q3_TILE_GROUPS)
             shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
-            x_tile = scratch("q3.x", shape)
-            x_tile[...] = x[:, tile]
-            amax[tile], signed_max = signed_max_abs(x_tile, finite=True)  # the registry checked it
-            iscale[tile] = np.float32(-nmax) / signed_max
+            x_tile = x[:, tile]
             start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
-            terms = np.multiply(x_tile, x_tile, out=scratch("q3.terms", shape))
-            terms *= x_tile
-            terms *= start_levels
-            sum_lx[tile] = sum_from_zero(terms)
-            np.multiply(x_tile, x_tile, out=terms)
-            terms *= start_levels
-            terms *= start_levels
-            sum_l2[tile] = sum_from_zero(terms)
-        # The same start levels, group-major (elementwise: the same values).
-        levels = _clamped_levels(iscale[:, None], by_group, nmax, finite=True, out=scratch("q3.levels", by_group.shape))
+            terms_lx, terms_l2 = _terms(x_tile, start_levels, scratch("q3.terms_lx", shape), scratch("q3.terms_l2", shape))
+            sum_lx[tile] = sum_from_zero(terms_lx)
+            sum_l2[tile] = sum_from_zero(terms_l2)
         # Only groups whose largest value is negative can move (see _Q3Moves).
-        can_move = np.flatnonzero(iscale > 0)
-        if can_move.size:
-            _Q3Moves(by_group, levels, can_move, sum_lx, sum_l2, nmax).run(levels, sum_lx, sum_l2)
-
+        movers = np.flatnonzero(iscale > 0)
+        moves = None
+        if movers.size:
+            moves = _Q3Moves(by_group, iscale, movers, sum_lx, sum_l2, nmax)
+            moves.run()
+            sum_lx[movers], sum_l2[movers] = moves.final_sums
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
-        all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
+        all_zero = amax < GROUP_MAX_EPS
         scale[all_zero] = 0
-        levels += np.float32(nmax)
-        out = levels.astype(np.uint8)
-    out[all_zero] = 0
-    return scale, out
+
+    def levels_of(groups: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):  # all-zero groups: 0 * -inf, reset below
+            levels = _clamped_levels(iscale[groups, None], by_group[groups], nmax, finite=True)
+            if moves is not None:
+                at = np.minimum(np.searchsorted(movers, groups), movers.size - 1)
+                moved = movers[at] == groups
+                levels[moved] = moves.final_levels[at[moved]]
+            levels += np.float32(nmax)
+            out = levels.astype(np.uint8)
+        out[all_zero[groups]] = 0
+        return out
+
+    return scale, levels_of
+
+
+def _terms(x: np.ndarray, levels: np.ndarray, out_lx: np.ndarray, out_l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's terms w*x*L and w*L*L with w = x*x, in its order of operations ((w*x)*L and
+    (w*L)*L), w computed once."""
+    weight = np.multiply(x, x, out=out_l2)
+    np.multiply(weight, x, out=out_lx)
+    out_lx *= levels
+    weight *= levels
+    weight *= levels
+    return out_lx, out_l2
 
 
 def _first_of_runs(keys: np.ndarray) -> np.ndarray:
@@ -180,59 +199,54 @@ class _Q3Moves:
     state, so they are what ggml computed there too. A group with no accepted move ahead ends its
     sweep; if the sweep moved something (and sweeps remain) the next sweep starts from the same
     state at position 0, so its first move is the group's first accepted move anywhere; otherwise
-    the group is settled and leaves.
+    the group is settled and leaves. A group that does not move in the first round leaves then, so
+    every group in a later round has moved in its current sweep.
 
     The per-position state is four group-major fields, [4, groups, n]: x, L, and the terms w*x*L
     and w*L*L as ggml adds and removes them (kept as computed, so that they are removed bit for
-    bit). Leaving groups are dropped by taking whole rows into the other of two buffers.
+    bit); the per-group state is the running sums [2, groups] and the group's index among the
+    movers, its sweep and where its sweep continues [3, groups]. Each accepted move is also
+    written through to final_levels and final_sums (every mover, in mover order), so that a group
+    leaving needs nothing but to be dropped: the rounds after the first are mostly per-call
+    overhead, and dropping is three takes into the other of two buffers.
     """
 
     SWEEPS = 5
     X, LEVELS, TERMS_LX, TERMS_L2 = range(4)
+    MOVER, SWEEP, RESUME = range(3)
 
-    def __init__(self, by_group, start_levels, ids, sum_lx, sum_l2, nmax):
-        n_groups, n = ids.size, by_group.shape[1]
-        self.n, self.nmax, self.parity = n, nmax, 0
-        self.state = scratch("q3.state.0", (4, n_groups, n))
-        x, levels, terms_lx, terms_l2 = self.state
-        np.take(by_group, ids, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
-        np.take(start_levels, ids, axis=0, out=levels, mode="clip")
-        np.multiply(x, x, out=terms_lx)
-        terms_lx *= x
-        terms_lx *= levels
-        np.multiply(x, x, out=terms_l2)
-        terms_l2 *= levels
-        terms_l2 *= levels
-        self.ids, self.sum_lx, self.sum_l2 = ids, sum_lx[ids], sum_l2[ids]
-        self.sweep = np.zeros(n_groups, dtype=np.int8)  # 0..4
-        self.resume = np.zeros(n_groups, dtype=np.int8)  # where the sweep continues
-        self.moved = np.zeros(n_groups, dtype=bool)  # in this sweep
-        self.ever_moved = np.zeros(n_groups, dtype=bool)
+    def __init__(self, by_group, iscale, movers, sum_lx, sum_l2, nmax):
+        n_movers, n = movers.size, by_group.shape[1]
+        self.n, self.nmax, self.parity, self.first_round = n, nmax, 0, True
+        self.state = scratch("q3.state.0", (4, n_movers, n))
+        x, start_levels, terms_lx, terms_l2 = self.state
+        np.take(by_group, movers, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
+        _clamped_levels(iscale[movers, None], x, nmax, finite=True, out=start_levels)
+        _terms(x, start_levels, terms_lx, terms_l2)
+        self.sums = scratch("q3.sums.0", (2, n_movers))
+        np.take(sum_lx, movers, out=self.sums[0])
+        np.take(sum_l2, movers, out=self.sums[1])
+        # Every mover's levels and sums as they end, written through as it moves.
+        self.final_levels, self.final_sums = start_levels.copy(), self.sums.copy()
+        self.group = scratch("q3.group.0", (3, n_movers), np.intp)
+        self.group[self.MOVER] = np.arange(n_movers)
+        self.group[self.SWEEP :] = 0
 
-    def run(self, levels: np.ndarray, sum_lx: np.ndarray, sum_l2: np.ndarray) -> None:
-        """Rounds until every group is settled; the levels ([all groups, n]) and sums of the
-        groups that moved are written back."""
-        while self.ids.size:
+    def run(self) -> None:
+        """Rounds until every group is settled."""
+        while self.sums.shape[1]:
             moving = self._round()
-            settled = np.ones(self.ids.size, dtype=bool)
-            settled[moving] = False
-            settled &= self.ever_moved
-            if settled.any():
-                ids = self.ids[settled]
-                levels[ids] = self.state[self.LEVELS, settled]
-                sum_lx[ids] = self.sum_lx[settled]
-                sum_l2[ids] = self.sum_l2[settled]
+            self.first_round = False
             self.parity ^= 1
-            kept = scratch(f"q3.state.{self.parity}", (4, moving.size, self.n))
-            self.state = np.take(self.state, moving, axis=1, out=kept, mode="clip")
-            for name in ("ids", "sum_lx", "sum_l2", "sweep", "resume", "moved", "ever_moved"):
-                setattr(self, name, getattr(self, name)[moving])
+            for name, array in (("state", self.state), ("sums", self.sums), ("group", self.group)):
+                kept = scratch(f"q3.{name}.{self.parity}", _kept_shape(array, moving.size), array.dtype)
+                setattr(self, name, np.take(array, moving, axis=1, out=kept, mode="clip"))
 
     def _round(self) -> np.ndarray:
         """Apply each group's next move; returns the groups (rows) that moved."""
-        state = self.state
-        sum_lx, sum_l2, sweep, resume, moved = self.sum_lx, self.sum_l2, self.sweep, self.resume, self.moved
-        n_groups, n = sum_lx.size, self.n
+        state, n = self.state, self.n
+        (sum_lx, sum_l2), (mover, sweep, resume) = self.sums, self.group
+        n_groups = sum_lx.size
         shape = (n_groups, n)
         slx = np.subtract(sum_lx[:, None], state[self.TERMS_LX], out=scratch("q3.slx", shape))
         sl2 = np.subtract(sum_l2[:, None], state[self.TERMS_L2], out=scratch("q3.sl2", shape))
@@ -240,9 +254,9 @@ class _Q3Moves:
         proposal = np.multiply(state[self.X], sl2, out=scratch("q3.proposal", shape))
         proposal /= slx
         round_clamped(proposal, self.nmax)
-        considered = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.considered", shape, bool))
-        considered &= np.greater(slx, 0, out=scratch("q3.positive", shape, bool))
-        flat = np.flatnonzero(considered)  # ordered by group, then position
+        changed = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.changed", shape, bool))
+        flat = np.flatnonzero(changed)  # ordered by group, then position
+        flat = flat[slx.reshape(-1)[flat] > 0]  # ggml tests slx first; cheaper on these few
         row, position = np.divmod(flat, n)
         # ggml: slx += w*x*new; sl2 += w*new*new; accept if sl2 > 0 && slx^2 * suml2 > sumlx^2 * sl2
         x = state[self.X].reshape(-1)[flat]
@@ -256,30 +270,40 @@ class _Q3Moves:
         new_l2 = sl2.reshape(-1)[flat] + term_l2
         run_lx, run_l2 = sum_lx[row], sum_l2[row]
         accepted = np.flatnonzero((new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2))
-        a_row, a_position = row[accepted], position[accepted]
+        a_row = row[accepted]
 
         choice = np.full(n_groups, -1, dtype=np.intp)  # index into `accepted` of each group's move
-        ahead = np.flatnonzero(a_position >= resume[a_row])
-        first = _first_of_runs(a_row[ahead])
-        choice[a_row[ahead[first]]] = ahead[first]
-        next_sweep = (choice < 0) & moved & (sweep < self.SWEEPS - 1)
-        first = np.flatnonzero(_first_of_runs(a_row))
-        starts_sweep = next_sweep[a_row[first]]
-        choice[a_row[first[starts_sweep]]] = first[starts_sweep]
-        sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
+        first = np.flatnonzero(_first_of_runs(a_row))  # each group's first accepted move
+        if self.first_round:  # every sweep starts at position 0
+            choice[a_row[first]] = first
+        else:
+            ahead = np.flatnonzero(position[accepted] >= resume[a_row])
+            first_ahead = ahead[_first_of_runs(a_row[ahead])]
+            choice[a_row[first_ahead]] = first_ahead
+            # every group here has moved in its sweep: with nothing ahead, a next sweep if any remain
+            next_sweep = (choice < 0) & (sweep < self.SWEEPS - 1)
+            starts_sweep = next_sweep[a_row[first]]
+            choice[a_row[first[starts_sweep]]] = first[starts_sweep]
+            sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
 
         moving = np.flatnonzero(choice >= 0)
         chosen = accepted[choice[moving]]
-        at = position[chosen]
-        state[self.LEVELS, moving, at] = level[chosen]
-        state[self.TERMS_LX, moving, at] = term_lx[chosen]
-        state[self.TERMS_L2, moving, at] = term_l2[chosen]
-        sum_lx[moving] = new_lx[chosen]
-        sum_l2[moving] = new_l2[chosen]
-        resume[moving] = at + 1
-        moved[moving] = True
-        self.ever_moved[moving] = True
+        at = flat[chosen]
+        new_level = level[chosen]
+        state[self.LEVELS].reshape(-1)[at] = new_level
+        state[self.TERMS_LX].reshape(-1)[at] = term_lx[chosen]
+        state[self.TERMS_L2].reshape(-1)[at] = term_l2[chosen]
+        moving_movers = mover[moving]
+        sum_lx[moving] = self.final_sums[0, moving_movers] = new_lx[chosen]
+        sum_l2[moving] = self.final_sums[1, moving_movers] = new_l2[chosen]
+        at_position = position[chosen]
+        resume[moving] = at_position + 1
+        self.final_levels[moving_movers, at_position] = new_level
         return moving
+
+
+def _kept_shape(array: np.ndarray, n_kept: int) -> tuple[int, ...]:
+    return array.shape[:1] + (n_kept,) + array.shape[2:]
 
 
 def round_clamped(values: np.ndarray, nmax: int) -> None:
