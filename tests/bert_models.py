@@ -223,11 +223,12 @@ def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
     return fast
 
 
-def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500, tokenizer_class: str = "XLMRobertaTokenizer"):
+def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500, tokenizer_class: str = "XLMRobertaTokenizer",
+                       keep_model_file: bool = False):
     """A SentencePiece Unigram model (nmt_nfkc normalization) in XLM-RoBERTa's sentencepiece.bpe.model,
     saved by transformers' XLMRobertaTokenizer (or `tokenizer_class`: CamembertTokenizer, whose
-    fairseq specials differ) as XLM-R folders ship it (tokenizer.json, whose ids fairseq shifted);
-    returns it."""
+    fairseq specials differ) as XLM-R folders ship it (tokenizer.json, whose ids fairseq shifted;
+    keep_model_file: sentencepiece.bpe.model beside it, as CamemBERT folders ship); returns it."""
     import io
 
     import sentencepiece as spm
@@ -241,7 +242,8 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500, tokenizer_class:
     (model_dir / "sentencepiece.bpe.model").write_bytes(buffer.getvalue())
     (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
+    if not keep_model_file:
+        (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
     tokenizer.save_pretrained(model_dir)
     return tokenizer
 

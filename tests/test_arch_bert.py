@@ -37,6 +37,7 @@ RoBERTa offset and DistilBERT's two block norms swapped.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
             train_roberta_bpe(model_dir)
         elif spec.get("xlmr") or spec.get("camembert"):
             train_xlmr_unigram(model_dir, tokenizer_class="CamembertTokenizer" if spec.get("camembert") else
-                               "XLMRobertaTokenizer")
+                               "XLMRobertaTokenizer", keep_model_file=spec.get("camembert", False))
         else:
             train_wordpiece(model_dir, lowercase=spec["lowercase"])
         build_bert(model_dir, **{flag: spec.get(flag, False) for flag in FAMILY_FLAGS})
@@ -222,3 +223,21 @@ def test_camembert_against_convert_hf_to_gguf(model_dirs, converted, reference, 
                    for text, (ids, _) in zip(SENTENCES, reference["camembert"]))
     finally:
         llm.close()
+
+
+def test_camembert_from_sentencepiece_model_alone(model_dirs, tmp_path):
+    """Without tokenizer.json, CamemBERT's ids come from sentencepiece.bpe.model as CamembertTokenizer
+    gives them (<s>NOTUSED <pad> </s>NOTUSED <unk>, the model's pieces four ids up, <mask> last), not
+    as XLM-RoBERTa's fairseq layout (one id up): llama.cpp then tokenizes as transformers does."""
+    import ggufsmith
+
+    folder = tmp_path / "camembert-spm"
+    shutil.copytree(model_dirs["camembert"], folder, ignore=shutil.ignore_patterns("tokenizer.json"))
+    ggufsmith.convert(folder, tmp_path / "camembert-spm.gguf", outtype="f32")
+    keys, _ = gguf_contents(tmp_path / "camembert-spm.gguf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    # (the rows past the tokenizer, up to the model's vocab_size, are padding)
+    assert keys["tokenizer.ggml.tokens"][:len(tokenizer)] == tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    assert (keys["tokenizer.ggml.bos_token_id"], keys["tokenizer.ggml.eos_token_id"]) == (5, 6)
+    assert_tokenizes_as_transformers(tmp_path / "camembert-spm.gguf",
+                                     [(tokenizer(text)["input_ids"], None) for text in SENTENCES])
