@@ -494,6 +494,8 @@ class Keys:
         """Keys of a LoRA adapter file (general.type = "adapter"), as llama.cpp's llama_adapter_lora reads them."""
         TYPE = "adapter.type"  # "lora"
         LORA_ALPHA = "adapter.lora.alpha"  # float32; llama.cpp scales each pair by alpha / its rank
+        LORA_TASK_NAME = "adapter.lora.task_name"  # one task adapter of a multi-task model (jina-embeddings-v3)
+        LORA_PROMPT_PREFIX = "adapter.lora.prompt_prefix"  # the instruction the task's texts are prefixed with
 
     class Split:
         NO = "split.no"

@@ -330,3 +330,30 @@ def assert_tokenizes_as_transformers(path: Path, rows) -> None:
             assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
     finally:
         llm.close()
+
+
+def jina_v3_with_task(native_dir: Path, published_dir: Path, task: str, model_dir: Path) -> Path:
+    """`native_dir`'s JinaEmbeddingsV3Model with `published_dir`'s adapter of `task` merged into
+    its weights as jina's own code applies it (modeling_lora.py's LoRAParametrization: the weight
+    plus lora_alpha / r times B @ A for a linear layer, A @ B for an embedding, the task's slice of
+    the stacked factors): what jina's encode(task=...) computes, for transformers to run."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((published_dir / "config.json").read_text())
+    i = config["lora_adaptations"].index(task)
+    published = load_file(published_dir / "model.safetensors")
+    tensors = load_file(native_dir / "model.safetensors")
+    for name in tensors:
+        stem = "roberta." + name[:-len("weight")] + "parametrizations.weight."
+        if stem + "original" not in published:
+            continue
+        a, b = (published[stem + f"0.lora_{f}"][i].double() for f in "AB")
+        rank = a.shape[1] if "embeddings" in name else a.shape[0]
+        update = a @ b if "embeddings" in name else b @ a
+        tensors[name] = (published[stem + "original"].double() + config["lora_alpha"] / rank * update).to(torch.float32)
+    shutil.copytree(native_dir, model_dir)
+    save_file(tensors, model_dir / "model.safetensors", metadata={"format": "pt"})
+    return model_dir

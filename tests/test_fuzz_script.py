@@ -1,6 +1,6 @@
 """scripts/fuzz.py's harness: it must tell our errors from foreign exceptions, catch a hang with its
 timeout and go on, survive a worker that dies, save a reproducer of each distinct finding, and
-build seeds that every real reader reads cleanly (or a long run fuzzes nothing but its first check)."""
+build seeds (scripts/fuzz_cases.py) that every real reader reads cleanly (or a long run fuzzes nothing but its first check)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from ggufsmith.errors import GGUFError
 from scripts import fuzz
+from scripts.fuzz_cases import TARGETS, Target
 
 
 def _toy_reader(path):
@@ -29,7 +30,7 @@ def _toy_reader(path):
 
 @pytest.fixture
 def toy_target(monkeypatch):
-    monkeypatch.setitem(fuzz.TARGETS, "toy", fuzz.Target("toy.bin", lambda: [b"0123456789" * 3], _toy_reader))
+    monkeypatch.setitem(TARGETS, "toy", Target("toy.bin", lambda: [b"0123456789" * 3], _toy_reader))
     return "toy"
 
 
@@ -46,9 +47,9 @@ def test_the_harness_counts_every_outcome_and_saves_reproducers(toy_target, tmp_
     assert reproducer.stat().st_size % 5 == 1  # the very case that raised it
 
 
-@pytest.mark.parametrize("name", list(fuzz.TARGETS))
+@pytest.mark.parametrize("name", list(TARGETS))
 def test_every_seed_reads_cleanly(name, tmp_path):
-    target = fuzz.TARGETS[name]
+    target = TARGETS[name]
     folder = tmp_path / name
     folder.mkdir()
     for file_name, text in target.companions.items():

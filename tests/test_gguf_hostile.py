@@ -41,6 +41,21 @@ class Builder:
     def pad(self, alignment: int) -> None:
         self.buf += b"\0" * (-len(self.buf) % alignment)
 
+    def key(self, name: str, value_type: int) -> None:
+        """A metadata key and its value type (8 string, 9 array, ...); the value follows."""
+        self.string(name)
+        self.put("I", value_type)
+
+
+def v3_header(n_tensors: int, n_kv: int) -> Builder:
+    """A little-endian version-3 file started: magic, version, tensor count, key count."""
+    b = Builder()
+    b.buf += b"GGUF"
+    b.put("I", 3)
+    b.size(n_tensors)
+    b.size(n_kv)
+    return b
+
 
 def build_valid(order: str = "<", version: int = 3, alignment: int = 32) -> tuple[bytes, dict[str, int], int, int]:
     """A small file with every kind of field; returns (bytes, field offsets, size, data offset)."""
@@ -58,14 +73,12 @@ def build_valid(order: str = "<", version: int = 3, alignment: int = 32) -> tupl
     b.size(3, "array1_len")
     for tok in ["<s>", "ü", ""]:
         b.string(tok, "string1_len" if tok == "<s>" else None)
-    b.string("tokenizer.ggml.scores")
-    b.put("I", 9)
+    b.key("tokenizer.ggml.scores", 9)
     b.put("I", 6, "array2_type")
     b.size(3, "array2_len")
     for v in (0.0, -1.5, 2.0):
         b.put("f", v)
-    b.string("test.nested")
-    b.put("I", 9)
+    b.key("test.nested", 9)
     b.put("I", 9, "nested_type")
     b.size(2, "nested_len")
     for n in (2, 0):
@@ -73,8 +86,7 @@ def build_valid(order: str = "<", version: int = 3, alignment: int = 32) -> tupl
         b.size(n)
         for j in range(n):
             b.put("I", j)
-    b.string("test.flag")
-    b.put("I", 7)
+    b.key("test.flag", 7)
     b.put("B", 1, "bool_value")
     b.string("general.alignment")
     b.put("I", 4, "alignment_type")
@@ -137,13 +149,8 @@ def test_truncated_at_every_byte(tmp_path, order):
 
 def test_truncated_metadata_only_file_fails_until_its_last_byte(tmp_path):
     # A file without tensors may end right after its metadata (llama.cpp's vocab files do).
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(0)
-    b.size(1)
-    b.string("general.name")
-    b.put("I", 8)
+    b = v3_header(0, 1)
+    b.key("general.name", 8)
     b.string("tiny")
     data = bytes(b.buf)
     assert read(tmp_path, data).metadata.get("general.name") == "tiny"
@@ -225,24 +232,15 @@ def test_bad_magic_and_tiny_files(tmp_path):
 
 
 def test_duplicate_keys_and_tensor_names(tmp_path):
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(0)
-    b.size(2)
+    b = v3_header(0, 2)
     for _ in range(2):
-        b.string("general.name")
-        b.put("I", 8)
+        b.key("general.name", 8)
         b.string("x")
     with pytest.raises(GGUFError, match="twice"):
         read(tmp_path, bytes(b.buf))
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(2)
-    b.size(0)
+    b = v3_header(2, 0)
     for i in range(2):
-        b.string("w")
+        b.string("w")  # tensor info: name, 1 dimension of 4, type F32, offset
         b.put("I", 1)
         b.size(4)
         b.put("I", 0)
@@ -254,13 +252,8 @@ def test_duplicate_keys_and_tensor_names(tmp_path):
 
 
 def test_arrays_nested_too_deep(tmp_path):
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(0)
-    b.size(1)
-    b.string("deep")
-    b.put("I", 9)
+    b = v3_header(0, 1)
+    b.key("deep", 9)
     for _ in range(10_000):  # each level: element type ARRAY, one element
         b.put("I", 9)
         b.size(1)
@@ -282,13 +275,8 @@ def test_older_versions_are_read(tmp_path, version):
 
 def test_non_utf8_strings_are_kept_as_bytes(tmp_path):
     # llama.cpp stores token text as raw bytes; a byte-level token need not be valid UTF-8.
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(0)
-    b.size(1)
-    b.string("tokenizer.ggml.tokens")
-    b.put("I", 9)
+    b = v3_header(0, 1)
+    b.key("tokenizer.ggml.tokens", 9)
     b.put("I", 8)
     b.size(2)
     b.size(1)
@@ -301,11 +289,7 @@ def test_non_utf8_strings_are_kept_as_bytes(tmp_path):
 def test_empty_tensor_whose_other_dimensions_overflow(tmp_path, ne):
     # No element, so no byte: but no numpy array can have this shape (its views would fail with
     # ValueError, found by scripts/fuzz.py). ggml accepts some of these; we refuse them all.
-    b = Builder()
-    b.buf += b"GGUF"
-    b.put("I", 3)
-    b.size(1)
-    b.size(0)
+    b = v3_header(1, 0)
     b.string("w")
     b.put("I", len(ne))
     for d in ne:

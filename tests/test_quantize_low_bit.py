@@ -22,20 +22,25 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import dequantize, get_format, iq_nonlinear, quantize
-from tests.ggml_oracle import _lib_dir, ggml_base, ggml_dequantize, ggml_quantize
+from ggufsmith.quantize import get_format, iq_nonlinear, quantize
+from tests.ggml_oracle import _lib_dir, ggml_base
 from tests.quant_checks import (
-    assert_same_bytes,
-    assert_same_floats,
     check_against_ggml,
+    check_dequantize_against_gguf_py,
+    check_dequantize_of_random_bytes,
     check_distributions_against_ggml,
     check_distributions_with_importance,
+    check_hypothesis_rows,
+    check_importance_ignored,
+    check_llama_weights,
+    check_rejects_non_finite,
+    check_rejects_partial_blocks,
+    finite_rows,
 )
-from tests.quant_data import model_weight_rows, quant_cases
+from tests.quant_data import quant_cases
 
 # ggml refuses to quantize these without an imatrix.
 REQUIRES_IMPORTANCE = [GGMLType.IQ2_XXS, GGMLType.IQ2_XS, GGMLType.IQ1_S]
@@ -87,21 +92,13 @@ def test_quantize_matches_ggml_with_importance(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", IGNORES_IMPORTANCE, ids=lambda t: t.name)
 def test_importance_is_ignored_as_ggml_does(ggml_type):
-    rows = np.random.default_rng(9).standard_normal((64, 512), dtype=np.float32)
-    importance = np.random.default_rng(10).lognormal(0.0, 2.0, 512).astype(np.float32)
-    expected = ggml_quantize(rows, int(ggml_type), importance)
-    assert_same_bytes(quantize(rows, ggml_type, importance), expected, ggml_type, "with imatrix")
-    assert_same_bytes(quantize(rows, ggml_type), expected, ggml_type, "without imatrix")
+    check_importance_ignored(ggml_type, 512)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_on_llama_weights(ggml_type):
-    rows = model_weight_rows(256, max_rows=2048)
-    if ggml_type not in REQUIRES_IMPORTANCE:
-        check_against_ggml(rows, ggml_type, None, "Llama weights")
-    if ggml_type in USES_IMPORTANCE:
-        importance = np.random.default_rng(7).lognormal(0.0, 1.0, 256).astype(np.float32)
-        check_against_ggml(rows[:512], ggml_type, importance, "Llama weights with imatrix")
+    check_llama_weights(ggml_type, max_rows=2048, importance_rows=512,
+                        plain=ggml_type not in REQUIRES_IMPORTANCE, with_importance=ggml_type in USES_IMPORTANCE)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -124,28 +121,14 @@ def test_quantize_matches_ggml_on_single_blocks(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_dequantize_matches_ggml_on_arbitrary_bytes(ggml_type):
-    """Every bit pattern decodes as ggml decodes it: float16 scales that are NaN (signaling ones
-    included), Inf, subnormal or -0.0, and codes our quantizer never writes."""
-    fmt = get_format(ggml_type)
-    rng = np.random.default_rng(200 + int(ggml_type))
-    row_length = fmt.block_size * 8
-    data = rng.integers(0, 256, (512, fmt.row_bytes(row_length)), dtype=np.uint8)
-    assert_same_floats(
-        dequantize(data, ggml_type, (512, row_length)),
-        ggml_dequantize(data, int(ggml_type), 512 * row_length),
-        f"{ggml_type.name} dequantize of random bytes",
-    )
+    check_dequantize_of_random_bytes(ggml_type)
 
 
 @pytest.mark.parametrize(
     "ggml_type", [GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.TQ1_0, GGMLType.TQ2_0, GGMLType.MXFP4], ids=lambda t: t.name
 )
 def test_dequantize_matches_gguf_py(ggml_type):
-    gguf = pytest.importorskip("gguf")
-    rows = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)
-    data = quantize(rows, ggml_type).reshape(64, -1)
-    expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(int(ggml_type)))
-    assert_same_floats(dequantize(data, ggml_type, rows.shape), expected, f"{ggml_type.name} vs gguf-py")
+    check_dequantize_against_gguf_py(ggml_type)
 
 
 def test_nearest_level_tables_agree_with_the_rule_everywhere_near_a_boundary():
@@ -163,17 +146,6 @@ def test_nearest_level_tables_agree_with_the_rule_everywhere_near_a_boundary():
         assert iq_nonlinear.nearest_levels(values).tolist() == expected
 
 
-def _finite_rows(max_magnitude: float | None):
-    return hnp.arrays(
-        np.float32,
-        hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
-        elements=st.floats(
-            None if max_magnitude is None else -max_magnitude, max_magnitude,
-            width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True,
-        ),
-    )
-
-
 def _max_magnitude(ggml_type: GGMLType) -> float | None:
     return float(np.float32(1e11)) if ggml_type in GRID_TYPES else None
 
@@ -182,27 +154,19 @@ def _max_magnitude(ggml_type: GGMLType) -> float | None:
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, data):
-    rows = data.draw(_finite_rows(_max_magnitude(ggml_type)))
-    if ggml_type not in REQUIRES_IMPORTANCE:
-        check_against_ggml(rows, ggml_type, None, "hypothesis rows")
-    if ggml_type in USES_IMPORTANCE:
-        importance = data.draw(hnp.arrays(np.float32, rows.shape[1], elements=st.floats(0, 1e6, width=32)))
-        check_against_ggml(rows, ggml_type, importance, "hypothesis rows with imatrix")
+    rows = data.draw(finite_rows(_max_magnitude(ggml_type)))
+    check_hypothesis_rows(rows, ggml_type, data,
+                          plain=ggml_type not in REQUIRES_IMPORTANCE, with_importance=ggml_type in USES_IMPORTANCE)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_rejects_rows_that_are_not_whole_blocks(ggml_type):
-    block_size = get_format(ggml_type).block_size
-    with pytest.raises(QuantizationError, match=f"multiple of {block_size}"):
-        quantize(np.zeros((2, block_size + 16), np.float32), ggml_type, np.ones(block_size + 16, np.float32))
+    check_rejects_partial_blocks(ggml_type, with_importance=True)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_rejects_nan_and_inf(ggml_type):
-    rows = np.ones((3, 256), np.float32)
-    rows[2, 17] = np.nan
-    with pytest.raises(QuantizationError, match="row 2 contains NaN or Inf"):
-        quantize(rows, ggml_type, np.ones(256, np.float32))
+    check_rejects_non_finite(ggml_type, np.nan, with_importance=True)
 
 
 _GGML_ON_HUGE_VALUES = """

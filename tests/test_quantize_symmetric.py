@@ -11,20 +11,25 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from ggufsmith.constants import GGMLType
-from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import dequantize, get_format, numerics, quantize, search_symmetric
-from tests.ggml_oracle import ggml_dequantize, ggml_quantize
+from ggufsmith.quantize import get_format, numerics, search_symmetric
 from tests.quant_checks import (
-    assert_same_bytes,
     assert_same_floats,
     check_against_ggml,
+    check_dequantize_against_gguf_py,
+    check_dequantize_of_random_bytes,
     check_distributions_against_ggml,
     check_distributions_with_importance,
+    check_hypothesis_rows,
+    check_importance_ignored,
+    check_llama_weights,
+    check_quantize_against_gguf_py,
+    check_rejects_non_finite,
+    check_rejects_partial_blocks,
+    finite_rows,
 )
-from tests.quant_data import model_weight_rows, quant_cases
+from tests.quant_data import quant_cases
 
 LEGACY = [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0]
 K_QUANTS = [GGMLType.Q6_K, GGMLType.Q3_K]
@@ -52,26 +57,12 @@ def test_quantize_matches_ggml_with_importance(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_quantize_matches_ggml_on_llama_weights(ggml_type):
-    rows = model_weight_rows(256, max_rows=2048)
-    check_against_ggml(rows, ggml_type, None, "Llama weights")
-    if ggml_type in WITH_IMPORTANCE:
-        importance = np.random.default_rng(7).lognormal(0.0, 1.0, 256).astype(np.float32)
-        check_against_ggml(rows[:512], ggml_type, importance, "Llama weights with imatrix")
+    check_llama_weights(ggml_type, max_rows=2048, importance_rows=512, with_importance=ggml_type in WITH_IMPORTANCE)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_dequantize_matches_ggml_on_arbitrary_bytes(ggml_type):
-    """Every bit pattern decodes as ggml decodes it, including scales that are float16 NaN, Inf,
-    subnormal or -0.0, and level combinations our quantizer never writes."""
-    fmt = get_format(ggml_type)
-    rng = np.random.default_rng(200 + int(ggml_type))
-    row_length = fmt.block_size * 8
-    data = rng.integers(0, 256, (512, fmt.row_bytes(row_length)), dtype=np.uint8)
-    assert_same_floats(
-        dequantize(data, ggml_type, (512, row_length)),
-        ggml_dequantize(data, int(ggml_type), 512 * row_length),
-        f"{ggml_type.name} dequantize of random bytes",
-    )
+    check_dequantize_of_random_bytes(ggml_type)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -116,62 +107,35 @@ def test_ordered_sum_adds_in_c_order_for_any_group_count(n):
             assert_same_floats(numerics.sum_from_zero(terms), expected, f"{n} x {n_groups} sum")
 
 
-_finite_rows = hnp.arrays(
-    np.float32,
-    hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=3).map(lambda s: (s[0], s[1] * 256)),
-    elements=st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True),
-)
-
-
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 @settings(max_examples=40, deadline=None)
-@given(rows=_finite_rows, data=st.data())
+@given(rows=finite_rows(), data=st.data())
 def test_quantize_matches_ggml_on_any_finite_floats(ggml_type, rows, data):
-    check_against_ggml(rows, ggml_type, None, "hypothesis rows")
-    if ggml_type in WITH_IMPORTANCE:
-        importance = data.draw(hnp.arrays(np.float32, rows.shape[1], elements=st.floats(0, 1e6, width=32)))
-        check_against_ggml(rows, ggml_type, importance, "hypothesis rows with imatrix")
+    check_hypothesis_rows(rows, ggml_type, data, with_importance=ggml_type in WITH_IMPORTANCE)
 
 
 @pytest.mark.parametrize("ggml_type", LEGACY, ids=lambda t: t.name)
 def test_quantize_matches_gguf_py_on_ordinary_weights(ggml_type):
     # gguf-py rounds some degenerate blocks (ties of opposite sign, all -0.0) differently from ggml,
     # so it is a second opinion on ordinary data only; ggml is the reference everywhere.
-    gguf = pytest.importorskip("gguf")
-    rows = np.random.default_rng(3).standard_normal((256, 4096), dtype=np.float32)
-    expected = gguf.quants.quantize(rows, gguf.GGMLQuantizationType(int(ggml_type))).view(np.uint8)
-    assert_same_bytes(quantize(rows, ggml_type), expected.reshape(256, -1), ggml_type, "vs gguf-py")
+    check_quantize_against_gguf_py(ggml_type, (256, 4096))
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_dequantize_matches_gguf_py(ggml_type):
-    gguf = pytest.importorskip("gguf")
-    fmt = get_format(ggml_type)
-    rows = np.random.default_rng(4).standard_normal((64, 1024), dtype=np.float32)
-    data = quantize(rows, ggml_type).reshape(64, -1)
-    expected = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(int(ggml_type)))
-    assert_same_floats(dequantize(data, ggml_type, rows.shape), expected, f"{fmt.ggml_type.name} vs gguf-py")
+    check_dequantize_against_gguf_py(ggml_type)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_rejects_rows_that_are_not_whole_blocks(ggml_type):
-    block_size = get_format(ggml_type).block_size
-    with pytest.raises(QuantizationError, match=f"multiple of {block_size}"):
-        quantize(np.zeros((2, block_size + 16), np.float32), ggml_type)
+    check_rejects_partial_blocks(ggml_type)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_rejects_nan_and_inf(ggml_type, bad):
-    rows = np.ones((3, 256), np.float32)
-    rows[2, 17] = bad
-    with pytest.raises(QuantizationError, match="row 2 contains NaN or Inf"):
-        quantize(rows, ggml_type)
+    check_rejects_non_finite(ggml_type, bad)
 
 
 def test_q8_0_ignores_importance_as_ggml_does():
-    rows = np.random.default_rng(9).standard_normal((64, 256), dtype=np.float32)
-    importance = np.random.default_rng(10).lognormal(0.0, 2.0, 256).astype(np.float32)
-    expected = ggml_quantize(rows, int(GGMLType.Q8_0), importance)
-    assert_same_bytes(quantize(rows, GGMLType.Q8_0, importance), expected, GGMLType.Q8_0, "with imatrix")
-    assert_same_bytes(quantize(rows, GGMLType.Q8_0), expected, GGMLType.Q8_0, "without imatrix")
+    check_importance_ignored(GGMLType.Q8_0, 256)

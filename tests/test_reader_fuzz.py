@@ -1,6 +1,6 @@
 """Hypothesis fuzz tests of the GGUF reader, `inspect` and the importance-matrix readers: valid seed
-files (built by scripts/fuzz.py, which runs the same readers for long) with bytes overwritten,
-interesting integers written over fields, chunks cut out or repeated. Whatever the bytes, a reader
+files (built by scripts/fuzz_cases.py; scripts/fuzz.py runs the same readers for long) with bytes
+overwritten, interesting integers written over fields, chunks cut out or repeated. Whatever the bytes, a reader
 either reads the file or raises one of ggufsmith's own errors; what it reads, inspect can show.
 
 Derandomized (the same examples on every run) so that CI is stable; scripts/fuzz.py explores.
@@ -20,7 +20,7 @@ from ggufsmith.errors import GgufsmithError
 from ggufsmith.gguf_writer import inspect
 from ggufsmith.gguf_writer.reader import GGUFReader
 from ggufsmith.quantize.imatrix import read_imatrix
-from scripts.fuzz import INTERESTING, gguf_seeds, imatrix_dat_seeds, imatrix_gguf_seeds
+from scripts.fuzz_cases import INTERESTING, gguf_seeds, imatrix_dat_seeds, imatrix_gguf_seeds
 
 FUZZ = settings(derandomize=True, max_examples=250, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -54,8 +54,10 @@ def damaged(draw, kind: str) -> bytes:
     return bytes(data)
 
 
-def read_or_own_error(read, path) -> object | None:
-    """What `read(path)` returns, or None when it raised a ggufsmith error (never anything else)."""
+def read_or_own_error(read, path, data: bytes) -> object | None:
+    """`data` written to `path`; what `read(path)` returns, or None when it raised a ggufsmith error
+    (never anything else), which names the file."""
+    path.write_bytes(data)
     try:
         return read(path)
     except GgufsmithError as e:
@@ -66,9 +68,7 @@ def read_or_own_error(read, path) -> object | None:
 @FUZZ
 @given(data=damaged("gguf"))
 def test_gguf_reader_and_inspect_on_damaged_files(tmp_path, data):
-    path = tmp_path / "fuzz.gguf"
-    path.write_bytes(data)
-    reader = read_or_own_error(GGUFReader, path)
+    reader = read_or_own_error(GGUFReader, tmp_path / "fuzz.gguf", data)
     if reader is None:
         return
     # Read whole: every value and tensor decodes; inspect's JSON is valid and complete.
@@ -87,9 +87,7 @@ def test_gguf_reader_and_inspect_on_damaged_files(tmp_path, data):
 @FUZZ
 @given(data=damaged("imatrix-gguf"))
 def test_gguf_imatrix_reader_on_damaged_files(tmp_path, data):
-    path = tmp_path / "imatrix.gguf"
-    path.write_bytes(data)
-    matrix = read_or_own_error(read_imatrix, path)
+    matrix = read_or_own_error(read_imatrix, tmp_path / "imatrix.gguf", data)
     if matrix is not None:
         for values in matrix.entries.values():
             assert values.dtype.name == "float32" and (values >= 0).all()
@@ -98,8 +96,6 @@ def test_gguf_imatrix_reader_on_damaged_files(tmp_path, data):
 @FUZZ
 @given(data=damaged("imatrix-dat"))
 def test_legacy_imatrix_reader_on_damaged_files(tmp_path, data):
-    path = tmp_path / "imatrix.dat"
-    path.write_bytes(data)
-    matrix = read_or_own_error(read_imatrix, path)
+    matrix = read_or_own_error(read_imatrix, tmp_path / "imatrix.dat", data)
     if matrix is not None:
         assert matrix.is_legacy and matrix.entries

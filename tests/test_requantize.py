@@ -21,25 +21,25 @@ import pytest
 import ggufsmith
 from ggufsmith.constants import GGMLType
 from ggufsmith.converters.requantize import quantize_gguf
-from ggufsmith.converters.quantize_plan import QuantizeRequest
 from ggufsmith.quantize.imatrix import read_imatrix, write_imatrix
-from ggufsmith.quantize.presets import PRESETS, get_preset
-from tests.llama_models import VARIANTS, randomize_weights, with_tokenizer
+from ggufsmith.quantize.presets import get_preset
+from tests.llama_models import VARIANTS, randomize_weights
 from ggufsmith.converters.plan import OUTTYPES
-from tests.requant_oracle import (
-    PRESETS_NEEDING_IMATRIX,
-    assert_same_file,
-    assert_same_tensors,
-    llama_quantize,
-    random_imatrix,
+from tests.requant_models import (
+    ALL_PRESETS,
+    REPO,
+    build_models,
+    check_convert_preset,
+    check_quantize,
+    imatrix_files,
+    preset_cases,
 )
+from tests.requant_oracle import PRESETS_NEEDING_IMATRIX, assert_same_file, llama_quantize
 from tests.terminal import run_on_terminal
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
 
-REPO = Path(__file__).resolve().parent.parent
-TOKENIZER = REPO / "examples" / "tiny-llama"
 SHAPE = dict(hidden_size=256, intermediate_size=320, num_attention_heads=8, num_key_value_heads=2, head_dim=32)
 MODELS = {
     "llama": ("llama_gqa", dict(SHAPE, num_hidden_layers=4)),
@@ -53,29 +53,12 @@ OTHER_VARIANTS = {
 # Run by default: one of each family (legacy, K mixes with attn_v/ffn_down rules, floats); the
 # rest of the presets are in the slow matrix.
 FAST_PRESETS = ["Q4_0", "Q2_K", "Q4_K_M", "F16"]
-# Q1_0 has no fallback for the models' ffn rows of 320: llama.cpp and we refuse (tests/test_presets.py);
-# test_q1_0_is_llama_quantize uses rows of 384
-ALL_PRESETS = [p for p in PRESETS if p != "Q1_0"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """name -> (HF folder, our F32 GGUF of it)."""
-    return _build_models(MODELS, tmp_path_factory)
-
-
-def _build_models(specs, tmp_path_factory):
-    out = {}
-    for name, (variant, config) in specs.items():
-        model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
-        (model_dir / "model.safetensors").unlink()
-        (model_dir / "config.json").unlink()
-        _build(model_dir, variant, config)
-        # in a directory of its own: two fixtures build models of the same name (q1_0_models)
-        f32 = tmp_path_factory.mktemp(f"{name}-gguf") / f"{name}-f32.gguf"
-        ggufsmith.convert(model_dir, f32, "f32")
-        out[name] = (model_dir, f32)
-    return out
+    return build_models(MODELS, tmp_path_factory, _build)
 
 
 def _build(model_dir: Path, variant: str, config: dict) -> None:
@@ -92,35 +75,14 @@ def _build(model_dir: Path, variant: str, config: dict) -> None:
 
 @pytest.fixture(scope="module")
 def imatrices(models, tmp_path_factory):
-    return _imatrix_files(models, tmp_path_factory)
-
-
-def _imatrix_files(models, tmp_path_factory):
-    """name -> (imatrix file, values as llama.cpp gets them, kv overrides llama-quantize adds)."""
-    out = {}
-    for name, (_, f32) in models.items():
-        out[name] = random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
-    return out
-
-
-def _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix):
-    _, f32 = models[model]
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    if with_imatrix:
-        path, values, overrides = imatrices[model]
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
-        quantize_gguf(f32, ours, QuantizeRequest(preset, imatrix=read_imatrix(path)))
-    else:
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
-        quantize_gguf(f32, ours, preset)
-    assert_same_file(ours, theirs)
+    return imatrix_files(models, tmp_path_factory)
 
 
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("preset", FAST_PRESETS)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_quantize_is_llama_quantize(models, imatrices, tmp_path, model, preset, with_imatrix):
-    _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
+    check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
 
 
 # Some presets need an importance matrix (the refusal without one: test_q2_k_s_needs_an_imatrix,
@@ -133,48 +95,21 @@ SLOW_CASES = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("preset", "with_imatrix"), SLOW_CASES,
-                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in SLOW_CASES])
+@preset_cases(SLOW_CASES)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_quantize_is_llama_quantize_every_preset(models, imatrices, tmp_path, model, preset, with_imatrix):
-    _check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
-
-
-def _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix, run=False):
-    model_dir, f32 = models[model]
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    kwargs = {}
-    if with_imatrix:
-        path, values, overrides = imatrices[model]
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
-        kwargs["imatrix"] = str(path)
-    else:
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
-    ggufsmith.convert(model_dir, ours, preset.lower(), **kwargs)
-    if preset.lower() in OUTTYPES:
-        # f32/f16/bf16/q8_0 keep convert_hf_to_gguf.py's meaning (its tensor order and metadata);
-        # the tensors are still llama-quantize's
-        assert_same_tensors(ours, theirs)
-    else:
-        assert_same_file(ours, theirs)
-    if run:  # the file loads and runs in llama.cpp: finite logits for a prompt
-        llm = llama_cpp.Llama(model_path=str(ours), n_ctx=64, logits_all=True, verbose=False)
-        tokens = llm.tokenize(b"Hello world, this is a test.")
-        llm.eval(tokens)
-        logits = np.asarray(llm.scores[: len(tokens)])
-        assert np.isfinite(logits).all() and logits.std() > 0
-        llm.close()
+    check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix)
 
 
 @pytest.mark.parametrize("preset", ["Q4_K_M", "Q4_0"])
 @pytest.mark.parametrize("model", list(MODELS))
 def test_convert_outtype_preset_is_llama_quantize_of_the_f32_file(models, imatrices, tmp_path, model, preset):
-    _convert_preset_check(models, imatrices, tmp_path, model, preset, with_imatrix=False, run=True)
+    check_convert_preset(models, imatrices, tmp_path, model, preset, with_imatrix=False, run=True)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_convert_outtype_preset_with_imatrix(models, imatrices, tmp_path, model):
-    _convert_preset_check(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
+    check_convert_preset(models, imatrices, tmp_path, model, "Q3_K_M", with_imatrix=True)
 
 
 # Every preset through `convert --outtype PRESET` with an importance matrix, and without one where
@@ -190,10 +125,9 @@ LLAMA_CONVERT_CASES = _every_case(ALL_PRESETS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("preset", "with_imatrix"), LLAMA_CONVERT_CASES,
-                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in LLAMA_CONVERT_CASES])
+@preset_cases(LLAMA_CONVERT_CASES)
 def test_convert_every_preset_loads_and_runs(models, imatrices, tmp_path, preset, with_imatrix):
-    _convert_preset_check(models, imatrices, tmp_path, "llama", preset, with_imatrix, run=True)
+    check_convert_preset(models, imatrices, tmp_path, "llama", preset, with_imatrix, run=True)
 
 
 # Issue 15: every preset through `convert --outtype PRESET` on the per-expert qwen3moe, with and
@@ -203,10 +137,9 @@ QWEN3MOE_CASES = _every_case(ALL_PRESETS)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("preset", "with_imatrix"), QWEN3MOE_CASES,
-                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in QWEN3MOE_CASES])
+@preset_cases(QWEN3MOE_CASES)
 def test_convert_every_preset_qwen3moe(models, imatrices, tmp_path, preset, with_imatrix):
-    _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
+    check_convert_preset(models, imatrices, tmp_path, "qwen3moe", preset, with_imatrix)
 
 
 # Q1_0 (blocks of 128, no fallback type) on the llama and the mixtral with feed-forward rows of 384.
@@ -216,13 +149,12 @@ Q1_0_MODELS = {name: (variant, dict(config, intermediate_size=384)) for name, (v
 
 @pytest.fixture(scope="module")
 def q1_0_models(tmp_path_factory):
-    return _build_models(Q1_0_MODELS, tmp_path_factory)
+    return build_models(Q1_0_MODELS, tmp_path_factory, _build)
 
 
 @pytest.fixture(scope="module")
 def q1_0_imatrices(q1_0_models, tmp_path_factory):
-    return {name: random_imatrix(f32, tmp_path_factory.mktemp("imatrix") / f"{name}.imatrix.gguf")
-            for name, (_, f32) in q1_0_models.items()}
+    return imatrix_files(q1_0_models, tmp_path_factory)
 
 
 @pytest.mark.slow
@@ -230,8 +162,8 @@ def q1_0_imatrices(q1_0_models, tmp_path_factory):
 @pytest.mark.parametrize("model", list(Q1_0_MODELS))
 def test_q1_0_is_llama_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, with_imatrix):
     """quantize and convert --outtype q1_0 both, and the file runs."""
-    _check_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix)
-    _convert_preset_check(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix, run=True)
+    check_quantize(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix)
+    check_convert_preset(q1_0_models, q1_0_imatrices, tmp_path, model, "Q1_0", with_imatrix, run=True)
 
 
 @pytest.mark.parametrize("with_imatrix", [False, True], ids=["plain", "imatrix"])
@@ -239,8 +171,8 @@ def test_mxfp4_moe_on_qwen3moe_is_llama_quantize(models, imatrices, tmp_path, wi
     """MXFP4_MOE: the expert stacks MXFP4, everything else quantizable Q8_0, from `convert
     --outtype` and from `quantize`, and the file runs in llama.cpp. Both types ignore an imatrix,
     so with one only the quantize.imatrix.* keys differ, as in llama-quantize."""
-    _convert_preset_check(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix, run=True)
-    _check_quantize(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix)
+    check_convert_preset(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix, run=True)
+    check_quantize(models, imatrices, tmp_path, "qwen3moe", "MXFP4_MOE", with_imatrix)
     types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(tmp_path / "ours.gguf").tensors}
     assert types["blk.0.ffn_up_exps.weight"] == types["blk.1.ffn_down_exps.weight"] == GGMLType.MXFP4
     assert types["blk.0.attn_q.weight"] == types["output.weight"] == GGMLType.Q8_0
@@ -471,116 +403,3 @@ def test_keep_split_writes_llama_quantizes_parts(models, tmp_path):
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == names
     for name in names:
         assert_same_file(tmp_path / "ours" / name, tmp_path / "theirs" / name)
-
-
-# Issue 17: llama-quantize's rules for state-space models (which recurrent tensors stay F32: A, D,
-# the conv kernel, the grouped norm; which are quantized: the in/out projections), every preset
-# through `convert --outtype PRESET`, and the presets that need an importance matrix with one.
-SSM_MODELS = {  # name -> (transformers config class, model class, config fields)
-    # hidden 256 so that the K-quants' 256-blocks fit ssm_in's rows; in_proj: 2 x 512 + 2 x 2 x 16 + 8 rows
-    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM",
-               dict(hidden_size=256, num_hidden_layers=2, num_heads=8, head_dim=64, n_groups=2, state_size=16,
-                    expand=2, chunk_size=16)),
-    # a hybrid: gated delta-net blocks around one attention block (llama-quantize's rules for attn_qkv,
-    # attn_gate, ssm_* and for which blocks hold attention), 4 value heads on 2 key heads
-    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM",
-               dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=64, max_position_embeddings=512, tie_word_embeddings=False,
-                    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
-                    linear_key_head_dim=64, linear_value_head_dim=64, linear_num_key_heads=2,
-                    linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                               "partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2]})),
-}
-SSM_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True)]
-
-
-@pytest.fixture(scope="module")
-def ssm_models(tmp_path_factory):
-    import torch
-    import transformers
-
-    out = {}
-    for name, (config_class, model_class, config) in SSM_MODELS.items():
-        model_dir = with_tokenizer(tmp_path_factory.mktemp(name), TOKENIZER)
-        (model_dir / "model.safetensors").unlink()
-        (model_dir / "config.json").unlink()
-        torch.manual_seed(3)
-        model = getattr(transformers, model_class)(getattr(transformers, config_class)(vocab_size=2000, **config))
-        randomize_weights(model.eval(), 3)
-        model.save_pretrained(model_dir)
-        # in a directory of its own: two fixtures build models of the same name (q1_0_models)
-        f32 = tmp_path_factory.mktemp(f"{name}-gguf") / f"{name}-f32.gguf"
-        ggufsmith.convert(model_dir, f32, "f32")
-        out[name] = (model_dir, f32)
-    return out
-
-
-@pytest.fixture(scope="module")
-def ssm_imatrices(ssm_models, tmp_path_factory):
-    return _imatrix_files(ssm_models, tmp_path_factory)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("preset", "with_imatrix"), SSM_CASES,
-                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in SSM_CASES])
-@pytest.mark.parametrize("model", list(SSM_MODELS))
-def test_convert_every_preset_ssm(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix):
-    _convert_preset_check(ssm_models, ssm_imatrices, tmp_path, model, preset, with_imatrix)
-
-
-# Issue 15, gpt-oss: every preset through `convert --outtype PRESET`, with and without an importance
-# matrix, on the float checkpoint (experts stored (in, out), gate and up interleaved, expert biases);
-# and on the MXFP4 checkpoint, whose f32 conversion keeps the experts MXFP4: MXFP4_MOE copies them,
-# another preset re-quantizes them only with --allow-requantize, both as llama-quantize does to the
-# f32 conversion.
-GPTOSS_SHAPE = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-                    intermediate_size=320, num_local_experts=4)
-GPTOSS_CASES = [(p, p in PRESETS_NEEDING_IMATRIX) for p in ALL_PRESETS] + [("Q4_K_M", True), ("MXFP4_MOE", True)]
-
-
-@pytest.fixture(scope="module")
-def gptoss_models(tmp_path_factory):
-    from tests.test_arch_gptoss import VOCAB, build_gptoss, save_mxfp4_checkpoint
-    from tests.tokenizer_helpers import train_bpe
-
-    root = tmp_path_factory.mktemp("gptoss")
-    train_bpe(root / "float", "qwen2", vocab_size=VOCAB)
-    build_gptoss(root / "float", **GPTOSS_SHAPE)
-    save_mxfp4_checkpoint(root / "float", root / "mxfp4")
-    out = {}
-    for name in ("float", "mxfp4"):
-        ggufsmith.convert(root / name, root / f"{name}-f32.gguf", "f32")
-        out[name] = (root / name, root / f"{name}-f32.gguf")
-    return out
-
-
-@pytest.fixture(scope="module")
-def gptoss_imatrices(gptoss_models, tmp_path_factory):
-    return _imatrix_files(gptoss_models, tmp_path_factory)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("preset", "with_imatrix"), GPTOSS_CASES,
-                         ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in GPTOSS_CASES])
-def test_convert_every_preset_gptoss(gptoss_models, gptoss_imatrices, tmp_path, preset, with_imatrix):
-    _convert_preset_check(gptoss_models, gptoss_imatrices, tmp_path, "float", preset, with_imatrix,
-                          run=preset in ("Q4_K_M", "MXFP4_MOE"))
-
-
-@pytest.mark.parametrize("preset", ["MXFP4_MOE", "Q8_0", "Q4_K_M"])
-def test_presets_on_the_mxfp4_checkpoint(gptoss_models, tmp_path, preset):
-    model_dir, f32 = gptoss_models["mxfp4"]
-    file_type = get_preset(preset).file_type
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    if preset != "MXFP4_MOE":  # the experts' type changes: refused unless asked for, by both
-        assert llama_quantize(f32, theirs, file_type) != 0
-        with pytest.raises(ggufsmith.errors.QuantizationError, match="already MXFP4"):
-            ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset))
-    assert llama_quantize(f32, theirs, file_type, allow_requantize=True) == 0
-    ggufsmith.convert(model_dir, ours, quantize_request=QuantizeRequest(preset, allow_requantize=True))
-    if preset.lower() in OUTTYPES:
-        assert_same_tensors(ours, theirs)
-    else:
-        assert_same_file(ours, theirs)
-    types = {t.name: GGMLType(int(t.tensor_type)) for t in gguf.GGUFReader(ours).tensors}
-    assert (types["blk.0.ffn_up_exps.weight"] == GGMLType.MXFP4) == (preset == "MXFP4_MOE")

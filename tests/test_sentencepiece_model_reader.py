@@ -57,3 +57,20 @@ def test_not_a_model_is_told_apart(tmp_path):
     truncated = tmp_path / "truncated.model"
     truncated.write_bytes(EXAMPLE_MODEL.read_bytes()[:1001])
     assert not is_sentencepiece_model(truncated)
+
+
+def test_a_file_rewritten_in_place_is_read_again(tmp_path):
+    """tokenizer.model is parsed once for detection and export: a file replaced under the same
+    name (same size even) gives its new pieces, not the ones parsed before."""
+    from ggufsmith.tokenizer.sentencepiece import load_model_proto
+
+    data = EXAMPLE_MODEL.read_bytes()
+    official = _official(data)
+    path = tmp_path / "tokenizer.model"
+    path.write_bytes(data)
+    assert load_model_proto(path).pieces[5].piece == official.pieces[5].piece
+    official.pieces[5].score += 1.0  # the same size once serialized: only the score's bytes change
+    changed = official.SerializeToString()
+    assert len(changed) == len(data)
+    path.write_bytes(changed)
+    assert load_model_proto(path).pieces[5].score == official.pieces[5].score

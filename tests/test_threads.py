@@ -90,6 +90,31 @@ def test_convert_every_worker_count_writes_the_same_file(models, tmp_path, many_
         assert_same_file(outputs[0], theirs)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_convert_from_half_precision_reads_rows_in_the_worker_processes(models, tmp_path, many_pieces, dtype):  # noqa: F811
+    """A bf16 or f16 checkpoint's rows are read and widened by the quantizer processes themselves
+    (readers/file_rows.py), in pieces that straddle tensors' rows: every worker count gives
+    llama-quantize's file of the same values in F32."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model_dir, _ = models["llama"]
+    half = tmp_path / f"llama-{dtype}"
+    half.mkdir()
+    for item in model_dir.iterdir():
+        if item.suffix != ".safetensors":
+            (half / item.name).write_bytes(item.read_bytes())
+    weights = {name: t.to(getattr(torch, dtype)) for name, t in load_file(model_dir / "model.safetensors").items()}
+    save_file(weights, half / "model.safetensors", metadata={"format": "pt"})
+    f32, theirs = tmp_path / "f32.gguf", tmp_path / "theirs.gguf"
+    ggufsmith.convert(half, f32, "f32", threads=1)  # widening is exact: the same values
+    assert llama_quantize(f32, theirs, get_preset("Q4_K_M").file_type) == 0
+    for threads in WORKER_COUNTS:
+        ours = tmp_path / f"ours-{threads}.gguf"
+        ggufsmith.convert(half, ours, "q4_k_m", threads=threads)
+        assert_same_file(ours, theirs)
+
+
 def test_cli_threads_option(models, tmp_path):  # noqa: F811
     _, f32 = models["llama"]
     runs = {}

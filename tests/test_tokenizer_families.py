@@ -17,7 +17,14 @@ import pytest
 
 from ggufsmith.tokenizer import export_tokenizer
 from ggufsmith.tokenizer.pretokenizer import identify_pre_tokenizer, PRE_TOKENIZERS
-from tests.tokenizer_helpers import CHECK_TEXT, load_llama_vocab, train_bpe_for_table_entry, write_vocab_gguf
+from tests.tokenizer_helpers import (
+    CHECK_TEXT,
+    TEXT_ROLE_GETTERS,
+    load_llama_vocab,
+    load_vocab_without_text_roles,
+    train_bpe_for_table_entry,
+    write_vocab_gguf,
+)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 transformers = pytest.importorskip("transformers")
@@ -120,26 +127,11 @@ def test_family_end_of_generation_and_chat_template(family_case):
     assert metadata.get("tokenizer.chat_template") == _CHATML
 
 
-_TEXT_ROLE_GETTERS = {
-    "tokenizer.ggml.eot_token_id": "llama_vocab_eot",
-    "tokenizer.ggml.fim_pre_token_id": "llama_vocab_fim_pre",
-    "tokenizer.ggml.fim_suf_token_id": "llama_vocab_fim_suf",
-    "tokenizer.ggml.fim_mid_token_id": "llama_vocab_fim_mid",
-    "tokenizer.ggml.fim_pad_token_id": "llama_vocab_fim_pad",
-    "tokenizer.ggml.fim_rep_token_id": "llama_vocab_fim_rep",
-    "tokenizer.ggml.fim_sep_token_id": "llama_vocab_fim_sep",
-}
-
-
 def test_family_end_of_turn_and_fim_ids_are_the_ones_llama_cpp_detects(family_case, tmp_path):
     """Without our eot/fim keys llama.cpp finds these tokens by their text; we write the same ids."""
     family, _, _, metadata = family_case
-    stripped = type(metadata)()
-    for key, value in metadata.items():
-        if key not in _TEXT_ROLE_GETTERS:
-            stripped.add_value(key, value)
-    vocab = load_llama_vocab(write_vocab_gguf(stripped, tmp_path / "stripped.gguf"))._model.vocab
-    for key, getter in _TEXT_ROLE_GETTERS.items():
+    vocab = load_vocab_without_text_roles(metadata, tmp_path / "stripped.gguf")
+    for key, getter in TEXT_ROLE_GETTERS.items():
         if family.generation_eos and key == "tokenizer.ggml.eot_token_id":
             continue  # generation_config.json's list decides (test_family_end_of_generation_and_chat_template)
         assert metadata.get(key, -1) == getattr(llama_cpp, getter)(vocab), (family.model_type, key)

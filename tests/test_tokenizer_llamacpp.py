@@ -16,7 +16,9 @@ from tests.tokenizer_helpers import (
     CHECK_TEXT,
     SP_CONTROL,
     SP_USER_DEFINED,
+    TEXT_ROLE_GETTERS,
     load_llama_vocab,
+    load_vocab_without_text_roles,
     train_bpe,
     train_sentencepiece,
     write_tokenizer_config,
@@ -31,6 +33,15 @@ def _tokenize(llm, text: str, *, special: bool = False, add_bos: bool = False) -
     return llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
 
+def _hf_and_llama(model_dir, vocab_path=None):
+    """(transformers' tokenizer for model_dir, llama.cpp's vocab loaded from our exported keys,
+    those keys); the vocab file goes to vocab_path, by default model_dir / "vocab.gguf"."""
+    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
+    metadata = export_tokenizer(model_dir)
+    llm = load_llama_vocab(write_vocab_gguf(metadata, vocab_path or model_dir / "vocab.gguf"))
+    return hf, llm, metadata
+
+
 # --- byte-level BPE ------------------------------------------------------------------------------
 
 
@@ -39,9 +50,7 @@ def bpe_case(request, tmp_path_factory):
     """(style, model dir, HF tokenizer, llama.cpp vocab) for each pre-tokenizer style."""
     style = request.param
     model_dir = train_bpe(tmp_path_factory.mktemp(f"bpe-{style}"), style)
-    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    metadata = export_tokenizer(model_dir)
-    llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir / "vocab.gguf"))
+    hf, llm, metadata = _hf_and_llama(model_dir)
     return style, model_dir, hf, llm, metadata
 
 
@@ -105,9 +114,7 @@ def sp_case(tmp_path_factory):
 
     model_dir = train_sentencepiece(tmp_path_factory.mktemp("sp-bpe"))
     sp = spm.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
-    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    metadata = export_tokenizer(model_dir)
-    llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir / "vocab.gguf"))
+    hf, llm, metadata = _hf_and_llama(model_dir)
     return model_dir, sp, hf, llm, metadata
 
 
@@ -205,8 +212,7 @@ def _copy_with_config(src, dst, **fields):
 @pytest.mark.parametrize("add_bos,add_eos", [(False, True), (True, True), (False, False)])
 def test_sentencepiece_add_bos_eos_follow_tokenizer_config(sp_case, tmp_path, add_bos, add_eos):
     model_dir = _copy_with_config(sp_case[0], tmp_path / "sp", add_bos_token=add_bos, add_eos_token=add_eos)
-    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    hf, llm, _ = _hf_and_llama(model_dir, tmp_path / "v.gguf")
     assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
 
 
@@ -216,8 +222,7 @@ def test_bpe_post_processor_wins_over_tokenizer_config(tmp_path, style):
     model_dir = train_bpe(tmp_path / style, style)
     flags = not BPE_STYLES[style]["bos"]
     write_tokenizer_config(model_dir, add_bos_token=flags, add_eos_token=flags)
-    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    llm = load_llama_vocab(write_vocab_gguf(export_tokenizer(model_dir), tmp_path / "v.gguf"))
+    hf, llm, _ = _hf_and_llama(model_dir, tmp_path / "v.gguf")
     assert _tokenize(llm, "Hello world", add_bos=True) == hf.encode("Hello world")
 
 
@@ -237,28 +242,12 @@ def test_every_table_name_is_one_llama_cpp_accepts(tmp_path):
         load_llama_vocab(write_vocab_gguf(metadata, tmp_path / "unknown.gguf"))
 
 
-_TEXT_ROLE_GETTERS = {
-    "tokenizer.ggml.eot_token_id": "llama_vocab_eot",
-    "tokenizer.ggml.fim_pre_token_id": "llama_vocab_fim_pre",
-    "tokenizer.ggml.fim_suf_token_id": "llama_vocab_fim_suf",
-    "tokenizer.ggml.fim_mid_token_id": "llama_vocab_fim_mid",
-    "tokenizer.ggml.fim_pad_token_id": "llama_vocab_fim_pad",
-    "tokenizer.ggml.fim_rep_token_id": "llama_vocab_fim_rep",
-    "tokenizer.ggml.fim_sep_token_id": "llama_vocab_fim_sep",
-}
-
-
 def test_eot_and_fim_ids_are_the_ones_llama_cpp_detects(bpe_case, tmp_path):
     """Without our eot/fim keys llama.cpp finds these tokens by their text; we must agree."""
     style, _, _, _, metadata = bpe_case
-    stripped = type(metadata)()
-    for key, value in metadata.items():
-        if key not in _TEXT_ROLE_GETTERS:
-            stripped.add_value(key, value)
-    llm = load_llama_vocab(write_vocab_gguf(stripped, tmp_path / "stripped.gguf"))
-    vocab = llm._model.vocab
+    vocab = load_vocab_without_text_roles(metadata, tmp_path / "stripped.gguf")
     tokens = metadata.get("tokenizer.ggml.tokens")
-    for key, getter in _TEXT_ROLE_GETTERS.items():
+    for key, getter in TEXT_ROLE_GETTERS.items():
         detected = getattr(llama_cpp, getter)(vocab)
         ours = metadata.get(key, -1)
         if key == "tokenizer.ggml.eot_token_id" and ours != detected:
@@ -292,9 +281,7 @@ def sp_json_case(request, sp_case, tmp_path_factory):
         path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     # transformers does not save `legacy`; llama.cpp has the legacy behaviour (see train_sentencepiece).
     write_tokenizer_config(model_dir, legacy=True)
-    hf = transformers.AutoTokenizer.from_pretrained(model_dir)
-    metadata = export_tokenizer(model_dir)
-    llm = load_llama_vocab(write_vocab_gguf(metadata, model_dir / "vocab.gguf"))
+    hf, llm, metadata = _hf_and_llama(model_dir)
     return model_dir, sp_case[1], hf, llm, metadata
 
 

@@ -20,23 +20,14 @@ from ggufsmith.constants import Keys, TokenType
 from ggufsmith.errors import TokenizerError
 from ggufsmith.tokenizer import detect_kind, export_tokenizer
 from tests.bert_models import train_wordpiece, write_vocab_txt_only
-from tests.tokenizer_helpers import load_llama_vocab, write_tokenizer_config, write_vocab_gguf
+from tests.tokenizer_helpers import SCRIPT_TEXTS, load_llama_vocab, write_tokenizer_config, write_vocab_gguf
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("llama_cpp")
 
 TEXTS = [
-    "The quick brown fox jumps over the lazy dog. It's 10:45, isn't it?",
+    *SCRIPT_TEXTS,
     "HELLO World, hello WORLD; Hello-World!",
-    "Größere Äpfel schmecken süß – Übung, Öl, Fußgänger. Café naïve résumé",
-    "Cafe\u0301 with a combining accent, and ÀÉÎÕÜ ñ ç",
-    "我们今天去公园散步，天气很好。人工智能正在改变世界。",
-    "東京は日本の首都です。ひらがなとカタカナ、漢字を使います。",
-    "Привет, как дела? Москва — столица России. Ёлка, щука, объём.",
-    "مرحبا بالعالم، اللغة العربية جميلة جدا.",
-    "Numbers 3 33 333 3333 1234567 3.14159 1,000,000 2024-01-31.",
-    "Symbols $5 + 3 = 8 < 9 > 7 ^ ` | ~ @ # % & * ( ) [ ] { } \\ / \" ' ...",
-    "tabs\there\tand  double  spaces,\nnew\r\nlines   and trailing   ",
     "e-mail: someone@example.com, URL https://example.org/path?q=1&r=2",
     "Emoji 🚀 and unknown ☃ characters ⚡ stay [UNK]",
     "",

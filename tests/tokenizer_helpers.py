@@ -56,6 +56,22 @@ CHECK_TEXT = (
 )
 
 
+# One line each of many scripts, accents (composed and combining), digits, ASCII symbols and
+# whitespace runs: what every tokenizer family's oracle test runs through.
+SCRIPT_TEXTS = [
+    "The quick brown fox jumps over the lazy dog. It's 10:45, isn't it?",
+    "Größere Äpfel schmecken süß – Übung, Öl, Fußgänger. Café naïve résumé",
+    "Cafe\u0301 with a combining accent, and ÀÉÎÕÜ ñ ç",
+    "我们今天去公园散步，天气很好。人工智能正在改变世界。",
+    "東京は日本の首都です。ひらがなとカタカナ、漢字を使います。",
+    "Привет, как дела? Москва — столица России. Ёлка, щука, объём.",
+    "مرحبا بالعالم، اللغة العربية جميلة جدا.",
+    "Numbers 3 33 333 3333 1234567 3.14159 1,000,000 2024-01-31.",
+    "Symbols $5 + 3 = 8 < 9 > 7 ^ ` | ~ @ # % & * ( ) [ ] { } \\ / \" ' ...",
+    "tabs\there\tand  double  spaces,\nnew\r\nlines   and trailing   ",
+]
+
+
 def write_tokenizer_config(model_dir: Path, **fields) -> None:
     path = model_dir / "tokenizer_config.json"
     config = json.loads(path.read_text()) if path.exists() else {}
@@ -82,6 +98,29 @@ def load_llama_vocab(path: Path):
     import llama_cpp
 
     return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+# The keys of tokens that llama.cpp, when a file does not name them, finds by their text; and the
+# llama-cpp-python function that says which token it took.
+TEXT_ROLE_GETTERS = {
+    "tokenizer.ggml.eot_token_id": "llama_vocab_eot",
+    "tokenizer.ggml.fim_pre_token_id": "llama_vocab_fim_pre",
+    "tokenizer.ggml.fim_suf_token_id": "llama_vocab_fim_suf",
+    "tokenizer.ggml.fim_mid_token_id": "llama_vocab_fim_mid",
+    "tokenizer.ggml.fim_pad_token_id": "llama_vocab_fim_pad",
+    "tokenizer.ggml.fim_rep_token_id": "llama_vocab_fim_rep",
+    "tokenizer.ggml.fim_sep_token_id": "llama_vocab_fim_sep",
+}
+
+
+def load_vocab_without_text_roles(metadata, path: Path):
+    """llama.cpp's vocab (llama_cpp's C handle) from `metadata` less the TEXT_ROLE_GETTERS keys,
+    written to `path`: what llama.cpp detects by itself."""
+    stripped = type(metadata)()
+    for key, value in metadata.items():
+        if key not in TEXT_ROLE_GETTERS:
+            stripped.add_value(key, value)
+    return load_llama_vocab(write_vocab_gguf(stripped, path))._model.vocab
 
 
 # --- SentencePiece -------------------------------------------------------------------------------

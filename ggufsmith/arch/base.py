@@ -126,6 +126,9 @@ class Architecture:
     # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
     # uses token_embd in its place. None: the plugin decides itself (llama keeps a stored lm_head).
     tied_output_head: ClassVar[str | None] = None
+    # False for a model whose GGUF has no output head at all (an embedding model), whose token
+    # embeddings are then tied to nothing (converters/lora.py: an adapter may change them).
+    has_output_head: ClassVar[bool] = True
     # The names dims() adds to tensors.model_dims' (for the check that shape expressions use known names).
     dim_names: ClassVar[tuple[str, ...]] = ()
     # Multimodal checkpoints whose language model this plugin converts (see LanguageModelOf).

@@ -8,10 +8,10 @@ q/k/v projection (`mixer.Wqkv`, rows q then k then v, as llama.cpp's attn_qkv). 
 part of the embeddings. jina's published checkpoint holds every linear and embedding weight as a
 parametrization (`...parametrizations.weight.original`) with five task adapters stacked beside it
 (`...parametrizations.weight.0.lora_A/B`: retrieval.query, retrieval.passage, separation,
-classification, text-matching). The base weights are converted; the adapters are left out with one
-notice, so the file computes the model without a task adapter (transformers' JinaEmbeddingsV3Model,
-jina's encode(task=None)). llama.cpp's converter writes each adapter to a GGUF adapter file of its
-own (`lora-<task>-<output>`, for llama.cpp's --lora), which ggufsmith does not yet.
+classification, text-matching). The base weights make the model's file, which computes the model
+without a task adapter (transformers' JinaEmbeddingsV3Model, jina's encode(task=None)); each task's
+adapter is written to a GGUF adapter file of its own beside it, `lora-<task>-<file>`, as llama.cpp's
+converter does (readers/jina_task_adapters.py, converters/task_adapters.py), for llama.cpp's --lora.
 """
 
 from __future__ import annotations
@@ -49,23 +49,17 @@ class JinaBertV3(Bert):
         for prefix in ("roberta.", "") for hf, entry in _NAMES.items() if hf.endswith(".weight")}
     ignored_tensors = (
         r"(roberta\.)?pooler\.dense\..*",  # the pooler (and its adapters): not part of the embeddings
-        r".*\.parametrizations\.weight\.0\.lora_[AB]",  # the task adapters: see the module docstring
+        r".*\.parametrizations\.weight\.0\.lora_[AB]",  # the task adapters: files of their own
     )
     # JinaEmbeddingsV3Config's defaults (its rope_theta too, read below).
     config_defaults = {"type_vocab_size": 1, "layer_norm_eps": 1e-5, "hidden_act": "gelu",
                        "position_embedding_type": "rotary"}
     position_embedding = "rotary"
+    has_output_head = False  # embeddings only: its task adapters may change the token embeddings
 
     @classmethod
     def claims(cls, config: HFConfig) -> bool:
         return any(a in cls.hf_classes for a in config.architectures) or is_jina_v3(config)
-
-    def __init__(self, config: HFConfig) -> None:
-        super().__init__(config)
-        tasks = self.config.get_list("lora_adaptations", default=[])
-        if tasks:  # told by check(), once the conversion is known to go ahead
-            self._skipped_notice = (f"{self.config.path}: left out the {len(tasks)} task LoRA adapters "
-                                    f"({', '.join(map(str, tasks))}): the file computes the model without one")
 
     def metadata(self) -> Metadata:
         metadata = super().metadata()

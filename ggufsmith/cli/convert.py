@@ -96,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         if args.verbose:
             print(plan.describe(), file=sys.stderr)
         print_summary(plan, plan.output, dry_run=False, split=split_rule(args))
+    if not args.quiet or args.dry_run:
+        for path in plan.adapter_files:
+            print(f"{'would write' if args.dry_run else 'wrote'} {path}: a task LoRA adapter (llama.cpp --lora)")
     return 0
 
 

@@ -57,13 +57,14 @@ Unit = tuple[Callable[[], list[tuple[int, np.ndarray]]], int]
 
 def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = True,
                 on_bytes: Callable[[int], None] | None = None, inputs: Iterable[str | Path] = (),
-                force: bool = False, threads: int | None = None) -> list[Path]:
+                force: bool = False, threads: int | None = None, quantizer: Quantizer | None = None) -> list[Path]:
     """Write each plan (all of the same checkpoint) to its path, reading the source once, on
     `threads` conversion workers (default: every core this process may use).
 
     `on_bytes(n)` is called as n bytes of output are written (for a caller's own progress bar);
     with `progress` a tqdm bar on stderr shows the same. `inputs`, `force`: as GGUFWriter's, for
-    every target. Returns the written paths."""
+    every target. `quantizer`: the caller's (already started, closed by the caller), else one of
+    `threads` workers for this call. Returns the written paths."""
     from tqdm import tqdm
 
     total = sum(plan.total_bytes for plan, _ in jobs)
@@ -83,7 +84,9 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
     inputs = tuple(inputs)
     sinks = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ggufsmith-convert")
-    quantizer = Quantizer(workers)
+    own_quantizer = quantizer is None
+    if own_quantizer:
+        quantizer = Quantizer(workers)
     finished = False
     try:
         for plan, dst in jobs:  # each target checked (not an input, ...) before any work
@@ -109,7 +112,8 @@ def write_plans(jobs: list[tuple[ConversionPlan, Path]], *, progress: bool = Tru
         pool.shutdown(wait=True, cancel_futures=True)
         for sink in sinks:
             sink.close(abort=not finished)
-        quantizer.close()
+        if own_quantizer:
+            quantizer.close()
         bar.close()
         errors = [sink.error for sink in sinks if sink.error is not None]
         if not finished or errors:
@@ -177,7 +181,7 @@ def _units(group: list[tuple[int, PlannedTensor]], quantizer: Quantizer) -> Iter
         return list(zip(indices, pipeline.encode_many(tensors, load, first_row, quantizer)))
 
     if isinstance(tensor, RowSlicedTensor) and len(tensor.shape) >= 2:
-        rows = tensor.load_rows
+        rows = pipeline.rows_loader(tensor, tensors, quantizer)
     elif len(tensor.shape) < 2 or tensor.n_elements <= pipeline.SLICE_ELEMENTS:
         yield (lambda: encoded(tensor.load, 0)), sum(t.nbytes for t in tensors)
         return

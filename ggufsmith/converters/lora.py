@@ -246,7 +246,10 @@ def _refuse_unappliable(config_path: Path, plugin: Architecture, name: str, pair
 
 def _output_tied(plugin: Architecture) -> bool:
     """Whether the base model's output head is its token embeddings (no `output` tensor in its GGUF),
-    as transformers decides it: tie_word_embeddings, true unless set."""
+    as transformers decides it: tie_word_embeddings, true unless set. A model without an output
+    head (an embedding model) ties nothing."""
+    if not plugin.has_output_head:
+        return False
     value = plugin.config.get("tie_word_embeddings", default=None)
     if value is None:
         value = plugin.checkpoint_config.get("tie_word_embeddings", default=True)

@@ -25,12 +25,14 @@ from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, default_file_name,
                                                    fill_type_template, general_metadata, has_type_template,
                                                    read_metadata_overrides)
+from ggufsmith.readers.file_rows import FileRows
 from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, big_endian_plan,
                                       file_type_with_stored, refuse_quantized_big_endian,
                                       guess_outtype, is_preset_outtype, outtype_of, plan_tensor)
 from ggufsmith.converters.quantize_plan import QuantizeRequest, apply_preset, split_importance_rows
 from ggufsmith.converters.split import SplitRule, split_plan
+from ggufsmith.converters.task_adapters import task_adapter_plans
 from ggufsmith.readers.safetensors import RowSlicedTensor, bf16_bits_to_f32
 from ggufsmith.errors import ConversionError, GgufsmithError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -135,7 +137,8 @@ def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callab
 
             yield from _row_slices(t, lambda start, stop: _checked(t, lambda: bf16_to_f16(start, stop)))
         else:
-            yield from _row_slices(t, lambda start, stop: _encode(t, lambda: tensor.load_rows(start, stop), start, quantizer))
+            rows = rows_loader(tensor, [t], quantizer)
+            yield from _row_slices(t, lambda start, stop: _encode(t, lambda: rows(start, stop), start, quantizer))
     elif len(tensor.shape) < 2 or tensor.n_elements <= SLICE_ELEMENTS:
         yield (lambda: _encode(t, tensor.load, 0, quantizer)), t.nbytes
     else:
@@ -143,6 +146,17 @@ def _work_units(t: PlannedTensor, quantizer: Quantizer) -> Iterator[tuple[Callab
         # first of its pieces to run; the workers then quantize its row ranges at once
         whole = _LoadedOnce(tensor, n_pieces=len(list(_row_ranges(tensor))))
         yield from _row_slices(t, lambda start, stop: _encode(t, lambda: whole.rows(start, stop), start, quantizer))
+
+
+def rows_loader(tensor: RowSlicedTensor, group: list[PlannedTensor],
+                quantizer: Quantizer) -> Callable[[int, int], np.ndarray | FileRows]:
+    """The tensor's load_rows; or, when every tensor of `group` is quantized in a worker process
+    and the rows can be read from their file by another process, where they lie there (FileRows):
+    the process reads them itself, with no widening here and no copy through a pipe."""
+    if tensor.file_rows is not None and all(quantizer.uses_process(tensor.n_elements, t.ggml_type, t.importance)
+                                            for t in group):
+        return tensor.file_rows
+    return tensor.load_rows
 
 
 def _row_ranges(tensor) -> Iterator[tuple[int, int]]:
@@ -215,7 +229,7 @@ def _encode(t: PlannedTensor, load: Callable[[], np.ndarray], first_row: int, qu
     return encode_many([t], load, first_row, quantizer)[0]
 
 
-def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], first_row: int,
+def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray | FileRows], first_row: int,
                 quantizer: Quantizer) -> list[np.ndarray]:
     """The GGUF bytes of rows first_row.. of one source tensor for each planned tensor of `group`
     (the same tensor in several files, see fanout.py): loaded and made float once, then quantized
@@ -223,17 +237,17 @@ def encode_many(group: list[PlannedTensor], load: Callable[[], np.ndarray], firs
 
     def produce() -> list[np.ndarray]:
         data = load()
-        if data.size and not np.issubdtype(data.dtype, np.floating):
+        if isinstance(data, np.ndarray) and data.size and not np.issubdtype(data.dtype, np.floating):
             data = data.astype(np.float32)  # integer and bool tensors are stored as floats, as llama.cpp does
         return [_quantized(t, data, first_row, quantizer) for t in group]
 
     return _checked(group[0], produce)
 
 
-def _quantized(t: PlannedTensor, data: np.ndarray, first_row: int, quantizer: Quantizer) -> np.ndarray:
+def _quantized(t: PlannedTensor, data: np.ndarray | FileRows, first_row: int, quantizer: Quantizer) -> np.ndarray:
     if t.importance is None:
         return _refuse_f16_overflow(t, quantizer(data, t.ggml_type), lambda: bool(np.isfinite(data).all()))
-    rows = data.reshape(-1, t.shape[-1])
+    rows = data if isinstance(data, FileRows) else data.reshape(-1, t.shape[-1])
     rows_per_matrix = int(np.prod(t.shape[:-1], dtype=np.int64)) // t.importance.shape[0]
     pieces = [quantizer(rows[start:stop], t.ggml_type, importance)
               for start, stop, importance in split_importance_rows(t.importance, first_row, len(rows), rows_per_matrix)]
@@ -333,7 +347,12 @@ def convert(
         outtype_of(outtype)  # reject a bad type before opening anything
     if bigendian:
         refuse_quantized_big_endian(outtype if quantize_request is None else quantize_request.preset)
-    with open_checkpoint(src) as checkpoint:
+    quantizer = Quantizer(resolve_workers(threads))
+    with quantizer, open_checkpoint(src) as checkpoint:
+        if quantize_request is not None and not dry_run:
+            # a preset's K-quants run in worker processes: started now, they import numpy and the
+            # quantizers while this process makes the plan (the tokenizer's export included)
+            quantizer.start()
         checkpoint.repo_id = repo_id or checkpoint.repo_id  # a snapshot given by path: open_checkpoint named it
         plan = make_plan(checkpoint, outtype, arch, model_name=model_name, with_tokenizer=with_tokenizer,
                          quantize_request=quantize_request, strict_tokenizer=strict_tokenizer, vocab_only=vocab_only,
@@ -350,11 +369,19 @@ def convert(
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst
         parts = split_plan(plan, dst, split or SplitRule())
+        adapters = [] if vocab_only else task_adapter_plans(checkpoint, plan.architecture, dst)
+        plan.adapter_files = [path for _, path in adapters]
         for path, _ in parts:
             check_target(path, inputs, force=force)
+        for adapter, path in adapters:
+            check_target(path, inputs + checkpoint.files, force=force)
+            if bigendian:
+                big_endian_plan(adapter)
         if not dry_run:
             from ggufsmith.converters.fanout import write_plans
 
             write_plans([(part, path) for path, part in parts], progress=progress, inputs=inputs + checkpoint.files,
-                        force=force, threads=threads)
+                        force=force, threads=threads, quantizer=quantizer)
+            for job in adapters:  # one file at a time: the task adapters' tensors share names, not data
+                write_plans([job], progress=progress, inputs=inputs + checkpoint.files, force=force, threads=threads)
     return plan

@@ -19,7 +19,7 @@ The rules follow llama.cpp so that its loader and kernels get what they expect:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggufsmith.arch.base import Architecture
@@ -127,6 +127,8 @@ class ConversionPlan:
     tensors: list[PlannedTensor]
     output: Path | None = None  # the file written, once decided (a folder target is given a name)
     byteorder: str = "little"  # "big" for convert --bigendian (gguf_writer/writer.py swaps the numbers)
+    # GGUF adapter files written beside `output` (a multi-task model's task LoRA adapters)
+    adapter_files: list[Path] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:

@@ -6,9 +6,11 @@ A worker process has an interpreter lock of its own. Each is a fresh `python -m`
 started with pipes to its stdin and stdout: never a fork of the (multi-threaded) caller, and never
 a re-import of the caller's main script, as multiprocessing's spawn and forkserver would do.
 
-One request: a pickled header (type, shape, importance) then the float32 rows as raw bytes; one
-answer: a pickled header ("ok", size) then the quantized bytes, or ("error", exception). The
-rows and bytes go through the pipe without pickling (a single copy each way).
+One request: a pickled header (type, shape, importance, place) then, when `place` is None, the
+float32 rows as raw bytes; one answer: a pickled header ("ok", size) then the quantized bytes, or
+("error", exception). The rows and bytes go through the pipe without pickling (a single copy each
+way). A `place` (readers/file_rows.FileRows) says where the rows lie in a checkpoint file: the
+worker reads and widens them itself, into buffers it keeps from one request to the next.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ggufsmith.errors import ConversionError
+from ggufsmith.readers.file_rows import FileRows, RowReader
 
 
 class QuantizerProcesses:
@@ -38,13 +41,14 @@ class QuantizerProcesses:
         self._lock = threading.Lock()
         self._closed = False
 
-    def quantize(self, data: np.ndarray, ggml_type: int, importance: np.ndarray | None) -> np.ndarray:
-        rows = np.ascontiguousarray(data, dtype=np.float32)
+    def quantize(self, data: np.ndarray | FileRows, ggml_type: int, importance: np.ndarray | None) -> np.ndarray:
+        """`data`: the rows, or where they lie in a file (the worker reads them)."""
+        place, rows = (data, None) if isinstance(data, FileRows) else (None, np.ascontiguousarray(data, dtype=np.float32))
         if importance is not None:
             importance = np.ascontiguousarray(importance, dtype=np.float32)
         process = self._borrow()
         try:
-            _send(process.stdin, (int(ggml_type), rows.shape, importance), rows)
+            _send(process.stdin, (int(ggml_type), data.shape, importance, place), rows)
             status, payload = pickle.load(process.stdout)
             if status == "ok":
                 out = np.empty(payload, dtype=np.uint8)
@@ -61,6 +65,12 @@ class QuantizerProcesses:
             raise payload
         return out
 
+    def start(self) -> None:
+        """Start every worker now (they import numpy and the quantizers while the caller goes on)."""
+        with self._lock:
+            while not self._closed and len(self._started) < self.count:
+                self._idle.put(self._spawn())
+
     def _borrow(self) -> subprocess.Popen:
         try:
             return self._idle.get_nowait()
@@ -70,13 +80,15 @@ class QuantizerProcesses:
             if self._closed:
                 raise ConversionError("the quantizer processes were closed")
             if len(self._started) < self.count:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                    env=_child_environment(),
-                )
-                self._started.append(process)
-                return process
+                return self._spawn()
         return self._idle.get()
+
+    def _spawn(self) -> subprocess.Popen:
+        """A new worker process (the lock is held)."""
+        process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   env=_child_environment())
+        self._started.append(process)
+        return process
 
     def close(self) -> None:
         """Let every worker finish and exit (it stops at the end of its input)."""
@@ -109,9 +121,10 @@ def _child_environment() -> dict[str, str]:
     return env
 
 
-def _send(pipe: BinaryIO, header: object, data: np.ndarray) -> None:
+def _send(pipe: BinaryIO, header: object, data: np.ndarray | None) -> None:
     pickle.dump(header, pipe, protocol=pickle.HIGHEST_PROTOCOL)
-    pipe.write(memoryview(data).cast("B"))
+    if data is not None:
+        pipe.write(memoryview(data).cast("B"))
     pipe.flush()
 
 
@@ -128,14 +141,23 @@ def _serve(requests: BinaryIO, answers: BinaryIO) -> None:
     """The worker's loop: quantize what arrives until the input ends."""
     from ggufsmith.quantize import quantize
 
+    reader = RowReader()  # its buffers are reused: no fresh (page-faulting) 16 MiB per piece
+    received = np.empty(0, dtype=np.float32)
     while True:
         try:
-            ggml_type, shape, importance = pickle.load(requests)
+            ggml_type, shape, importance, place = pickle.load(requests)
         except EOFError:
+            reader.close()
             return
-        rows = np.empty(shape, dtype=np.float32)
-        _read_into(requests, rows)
+        if place is None:
+            size = int(np.prod(shape, dtype=np.int64))
+            if received.size < size:
+                received = np.empty(size, dtype=np.float32)
+            rows = received[:size].reshape(shape)
+            _read_into(requests, rows)
         try:
+            if place is not None:
+                rows = reader.read(place)
             out = quantize(rows, ggml_type, importance)
         except Exception as e:  # noqa: BLE001 - sent to the caller, who raises it
             try:

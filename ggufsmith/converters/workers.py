@@ -18,6 +18,7 @@ from ggufsmith.constants import GGMLType
 from ggufsmith.converters.processes import QuantizerProcesses
 from ggufsmith.errors import ConversionError
 from ggufsmith.quantize import quantize
+from ggufsmith.readers.file_rows import FileRows
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
@@ -128,9 +129,11 @@ class Quantizer:
         self.workers = workers
         self._processes = QuantizerProcesses(workers)
 
-    def __call__(self, data: np.ndarray, ggml_type: GGMLType, importance: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, data: np.ndarray | FileRows, ggml_type: GGMLType,
+                 importance: np.ndarray | None = None) -> np.ndarray:
+        """`data`: the rows, or where they lie in a file (read here or by the worker process)."""
         if not self.uses_process(data.size, ggml_type, importance):
-            return quantize(data, ggml_type, importance)
+            return quantize(data.load() if isinstance(data, FileRows) else data, ggml_type, importance)
         return self._processes.quantize(data, ggml_type, importance)
 
     def uses_process(self, n_elements: int, ggml_type: GGMLType, importance: np.ndarray | None) -> bool:
@@ -138,5 +141,16 @@ class Quantizer:
             return False
         return importance is not None or ggml_type not in THREAD_TYPES_WITHOUT_IMPORTANCE
 
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first piece that needs one."""
+        if self.workers >= 2:
+            self._processes.start()
+
     def close(self) -> None:
         self._processes.close()
+
+    def __enter__(self) -> Quantizer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -34,6 +34,8 @@ from ggufsmith.quantize.iq_grid_search import (
     block_inputs,
     candidates_of,
     first_least,
+    new_super_blocks,
+    read_super_blocks,
     refuse_overflow,
     super_scales,
 )
@@ -51,8 +53,44 @@ DELTA = F32(0.125)  # IQ1S_DELTA
 # The three level values with the shift +delta (x_p) and -delta (x_m), as ggml computes them.
 _X_P = np.array([F32(-1) + DELTA, DELTA, F32(1) + DELTA], dtype=F32)
 _X_M = np.array([F32(-1) - DELTA, -DELTA, F32(1) - DELTA], dtype=F32)
-# Every split (i1, i2), 0 <= i1 <= i2 <= 32, in ggml's loop order.
-_I1, _I2 = (np.array(v) for v in zip(*[(i1, i2) for i1 in range(BLOCK + 1) for i2 in range(i1, BLOCK + 1)]))
+
+
+def _splits(block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every split (i1, i2), 0 <= i1 <= i2 <= block, of a block's sorted values into levels 0, 1,
+    2, in ggml's loop order: (i1 [splits], i2 [splits])."""
+    pairs = [(i1, i2) for i1 in range(block + 1) for i2 in range(i1, block + 1)]
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+_I1, _I2 = _splits(BLOCK)
+
+
+def _first_best(sum_qx: np.ndarray, sum_q2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's choice among [splits, options, blocks] candidates, tried split by split and option by
+    option: the first with the largest sum(w x q)^2 / sum(w q^2), compared as ggml compares.
+    Returns (found bool [blocks], split [blocks], option [blocks]), 0 where none was found."""
+    n_splits, n_options, n_blocks = sum_qx.shape
+    best = np.full(n_blocks, -np.finfo(F32).max, dtype=F32)
+    winner = np.full(n_blocks, -1, dtype=np.int64)
+    for c in range(n_splits):
+        for k in range(n_options):
+            qx, q2 = sum_qx[c, k], sum_q2[c, k]
+            better = (q2 > 0) & (qx * qx > best * q2)
+            if better.any():
+                best = np.where(better, (qx / q2) * qx, best)
+                winner = np.where(better, n_options * c + k, winner)
+    w = np.maximum(winner, 0)
+    return winner >= 0, w // n_options, w % n_options
+
+
+def _levels_of_split(order: np.ndarray, i1: np.ndarray, i2: np.ndarray) -> np.ndarray:
+    """int32 [block, blocks]: level 0, 1 or 2 of each value, for the split (i1, i2) [blocks] of the
+    values sorted by `order` (argsort along axis 0), in the values' own order."""
+    rank = np.arange(order.shape[0])[:, None]
+    sorted_levels = (rank >= i1).astype(np.int32) + (rank >= i2)
+    levels = np.empty_like(sorted_levels)
+    np.put_along_axis(levels, order, sorted_levels, axis=0)
+    return levels
 
 
 def _split_sums(prefix: np.ndarray, values: np.ndarray, squared: bool) -> np.ndarray:
@@ -74,32 +112,13 @@ def _best_splits(x: np.ndarray, weight: np.ndarray):
     # sumx[j + 1] = sumx[j] + w * x from sumx[0] = 0, in sorted order
     prefix_x = np.add.accumulate(np.concatenate([zero, w_sorted * x_sorted]), axis=0)
     prefix_w = np.add.accumulate(np.concatenate([zero, w_sorted]), axis=0)
-    candidates = []
-    for values in (_X_P, _X_M):
-        candidates.append((_split_sums(prefix_x, values, False), _split_sums(prefix_w, values, True)))
-    (qx_p, q2_p), (qx_m, q2_m) = candidates
-
-    n_blocks = x.shape[1]
-    best = np.full(n_blocks, -np.finfo(F32).max, dtype=F32)
-    winner = np.full(n_blocks, -1, dtype=np.int64)
-    for c in range(_I1.size):  # ggml's order: split c with x_p, then with x_m
-        for shift, (qx, q2) in enumerate(((qx_p[c], q2_p[c]), (qx_m[c], q2_m[c]))):
-            better = (q2 > 0) & (qx * qx > best * q2)
-            if better.any():
-                best = np.where(better, (qx / q2) * qx, best)
-                winner = np.where(better, 2 * c + shift, winner)
-    found = winner >= 0
-    w = np.maximum(winner, 0)
-    split, minus = w // 2, (w % 2).astype(bool)
-    b = np.arange(n_blocks)
-    qx = np.where(minus, qx_m[split, b], qx_p[split, b])
-    q2 = np.where(minus, q2_m[split, b], q2_p[split, b])
-    scale = qx / q2
-    rank = np.arange(BLOCK)[:, None]
-    sorted_levels = (rank >= _I1[split]).astype(np.int32) + (rank >= _I2[split])
-    levels = np.empty_like(sorted_levels)
-    np.put_along_axis(levels, order, sorted_levels, axis=0)
-    return scale, levels, np.where(minus, -1, 1), found
+    # [splits, shift, blocks], ggml's order: split c with x_p, then with x_m
+    sum_qx = np.stack([_split_sums(prefix_x, values, False) for values in (_X_P, _X_M)], axis=1)
+    sum_q2 = np.stack([_split_sums(prefix_w, values, True) for values in (_X_P, _X_M)], axis=1)
+    found, split, minus = _first_best(sum_qx, sum_q2)
+    b = np.arange(x.shape[1])
+    scale = sum_qx[split, minus, b] / sum_q2[split, minus, b]
+    return scale, _levels_of_split(order, _I1[split], _I2[split]), np.where(minus == 1, -1, 1), found
 
 
 def _pack(levels: np.ndarray) -> np.ndarray:
@@ -145,30 +164,40 @@ def _onto_grid(x, weight, levels, minus, scale, type_name):
     return chosen, np.where(refit & (sum_qx > 0) & (sum_q2 > 0), sum_qx / sum_q2, scale)
 
 
-def _quantize_blocks(rows: np.ndarray, importance: np.ndarray):
-    """(scales [blocks], grid indices int32 [4, blocks], shifts [blocks], stored blocks bool)."""
-    x, weight = block_inputs(rows, importance, BLOCK, doubled_sigma2=True)
+def _search_blocks(x, weight, eps, best_splits, flip_shift, minus_groups, empty_shift, type_name):
+    """The split search and the move onto the grid of every block whose largest magnitude is not
+    below `eps`: (scales [blocks], grid indices int32 [groups, blocks], shifts [blocks], stored
+    blocks bool). best_splits gives (scale, levels, shift, found); a negative scale is flipped
+    (levels 2 - l, shift flip_shift(shift)); minus_groups(shift) says which groups take x_m.
+    A block not stored keeps scale 0, grid point 0 and `empty_shift`."""
     n_blocks = x.shape[1]
     block_max = np.maximum.reduce(np.abs(x), axis=0)
     scales = np.zeros(n_blocks, dtype=F32)
-    shifts = np.ones(n_blocks, dtype=np.int32)
-    index = np.zeros((GROUPS, n_blocks), dtype=np.int32)
-    b = np.flatnonzero(~(block_max < _EPS))
+    shifts = np.full(n_blocks, empty_shift, dtype=np.int64)
+    index = np.zeros((x.shape[0] // GROUP, n_blocks), dtype=np.int32)
+    b = np.flatnonzero(~(block_max < eps))
     if b.size:
-        scale, levels, shift, found = _best_splits(x[:, b], weight[:, b])
+        scale, levels, shift, found = best_splits(x[:, b], weight[:, b])
         b, scale, levels, shift = b[found], scale[found], levels[:, found], shift[found]
     if b.size:
         flip = scale < 0
         levels = np.where(flip, 2 - levels, levels)
         scale = np.where(flip, -scale, scale)
-        shift = np.where(flip, -shift, shift)
-        minus = np.repeat((shift == -1)[None, :], GROUPS, axis=0)
-        chosen, scale = _onto_grid(x[:, b], weight[:, b], levels, minus, scale, "IQ1_S")
-        assert_scales_valid(scale, "IQ1_S")
+        shift = np.where(flip, flip_shift(shift), shift)
+        chosen, scale = _onto_grid(x[:, b], weight[:, b], levels, minus_groups(shift), scale, type_name)
+        assert_scales_valid(scale, type_name)
         scales[b], shifts[b], index[:, b] = scale, shift, chosen
     stored = np.zeros(n_blocks, dtype=bool)
     stored[b] = True
     return scales, index, shifts, stored
+
+
+def _quantize_blocks(rows: np.ndarray, importance: np.ndarray):
+    """IQ1_S's (scales [blocks], grid indices int32 [4, blocks], shifts +1/-1 [blocks], stored
+    blocks bool): one shift per block of 32, -1 meaning x_m for all its groups."""
+    x, weight = block_inputs(rows, importance, BLOCK, doubled_sigma2=True)
+    return _search_blocks(x, weight, _EPS, _best_splits, lambda shift: -shift,
+                          lambda shift: np.repeat((shift == -1)[None, :], GROUPS, axis=0), 1, "IQ1_S")
 
 
 @float_warnings_off
@@ -180,8 +209,7 @@ def _iq1_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
     qh = ((index >> 8) << (3 * np.arange(GROUPS))).sum(axis=1).reshape(n_super, SUB_BLOCKS)
     high = (block_levels | np.where(shifts == -1, 8, 0).reshape(n_super, SUB_BLOCKS)) << 12
     qh = qh | np.where(nonzero[:, None], high, 0)
-    out = np.zeros((n_super, _IQ1_S_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d * F32(1.125), F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d * F32(1.125), F32(0)), _IQ1_S_BYTES)
     out[:, 2:34] = (index & 255).astype(np.uint8).reshape(n_super, -1)
     out[:, 34:] = qh.astype("<u2").view(np.uint8).reshape(n_super, -1)
     return out.reshape(rows.shape[0], -1)
@@ -189,8 +217,7 @@ def _iq1_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
 
 @float_warnings_off
 def _iq1_s_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ1_S_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ1_S_BYTES)
     qh = blocks[:, 34:].copy().view("<u2").astype(np.int32)  # [supers, 8]
     index = blocks[:, 2:34].reshape(-1, SUB_BLOCKS, GROUPS).astype(np.int32) | (((qh[:, :, None] >> (3 * np.arange(GROUPS))) & 7) << 8)
     dl = d[:, None] * (2 * ((qh >> 12) & 7) + 1).astype(F32)
@@ -206,7 +233,7 @@ M_BLOCK = 16
 M_SUB_BLOCKS = QK_K // M_BLOCK
 _IQ1_M_BYTES = QK_K // 8 + QK_K // 16 + QK_K // 32
 _M_EPS = F32(1e-7)  # GROUP_MAX_EPS_IQ1_M
-_M_I1, _M_I2 = (np.array(v) for v in zip(*[(i1, i2) for i1 in range(M_BLOCK + 1) for i2 in range(i1, M_BLOCK + 1)]))
+_M_I1, _M_I2 = _splits(M_BLOCK)
 # ggml's constants of the collapsed sums: v0^2 - v1^2 and v1^2 - v2^2 of x_p and x_m.
 _CP1, _CP2 = _X_P[0] * _X_P[0] - _X_P[1] * _X_P[1], _X_P[1] * _X_P[1] - _X_P[2] * _X_P[2]
 _CM1, _CM2 = _X_M[0] * _X_M[0] - _X_M[1] * _X_M[1], _X_M[1] * _X_M[1] - _X_M[2] * _X_M[2]
@@ -240,25 +267,10 @@ def _best_splits_m(x: np.ndarray, weight: np.ndarray):
     sum_qx = np.stack([qx[0, a] + qx[1, b] for a, b in signs], axis=1)  # [splits, 4, blocks]
     sum_q2 = np.stack([q2[0, a] + q2[1, b] for a, b in signs], axis=1)
 
-    best = np.full(n_blocks, -np.finfo(F32).max, dtype=F32)
-    winner = np.full(n_blocks, -1, dtype=np.int64)
-    for c in range(_M_I1.size):
-        for k in range(4):
-            sqx, sq2 = sum_qx[c, k], sum_q2[c, k]
-            better = (sq2 > 0) & (sqx * sqx > best * sq2)
-            if better.any():
-                best = np.where(better, (sqx / sq2) * sqx, best)
-                winner = np.where(better, 4 * c + k, winner)
-    found = winner >= 0
-    w = np.maximum(winner, 0)
-    split, k = w // 4, w % 4
+    found, split, k = _first_best(sum_qx, sum_q2)
     b = np.arange(n_blocks)
     scale = sum_qx[split, k, b] / sum_q2[split, k, b]
-    rank = np.arange(M_BLOCK)[:, None]
-    sorted_levels = (rank >= _M_I1[split]).astype(np.int32) + (rank >= _M_I2[split])
-    levels = np.empty_like(sorted_levels)
-    np.put_along_axis(levels, order, sorted_levels, axis=0)
-    return scale, levels, k, found
+    return scale, _levels_of_split(order, _M_I1[split], _M_I2[split]), k, found
 
 
 def _by_super_block(a: np.ndarray, n_super: int) -> np.ndarray:
@@ -277,24 +289,9 @@ def _minus_groups(k: np.ndarray) -> np.ndarray:
 def _iq1_m_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     x, weight = block_inputs(rows, importance, M_BLOCK, doubled_sigma2=True)
     n_blocks = x.shape[1]
-    block_max = np.maximum.reduce(np.abs(x), axis=0)
-    scales = np.zeros(n_blocks, dtype=F32)
-    shifts = np.zeros(n_blocks, dtype=np.int64)
-    index = np.zeros((2, n_blocks), dtype=np.int32)
-    b = np.flatnonzero(~(block_max < _M_EPS))
-    if b.size:
-        scale, levels, k, found = _best_splits_m(x[:, b], weight[:, b])
-        b, scale, levels, k = b[found], scale[found], levels[:, found], k[found]
-    if b.size:
-        flip = scale < 0
-        levels = np.where(flip, 2 - levels, levels)
-        scale = np.where(flip, -scale, scale)
-        k = np.where(flip, 3 - k, k)
-        chosen, scale = _onto_grid(x[:, b], weight[:, b], levels, _minus_groups(k), scale, "IQ1_M")
-        assert_scales_valid(scale, "IQ1_M")
-        scales[b], shifts[b], index[:, b] = scale, k, chosen
-    stored = np.zeros(n_blocks, dtype=bool)
-    stored[b] = True
+    # shift k of a block of 16: which of its two groups take x_m (_minus_groups); flipped, 3 - k
+    scales, index, shifts, stored = _search_blocks(x, weight, _M_EPS, _best_splits_m, lambda k: 3 - k, _minus_groups,
+                                                   0, "IQ1_M")
 
     d, block_levels, nonzero = super_scales(scales, stored, M_SUB_BLOCKS, top=7)
     n_super = d.size

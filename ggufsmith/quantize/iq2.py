@@ -29,20 +29,18 @@ import numpy as np
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.iq_grid_search import (
     GridSearch,
-    NoNeighbour,
-    assert_scales_valid,
     block_inputs,
     even_parity_negatives,
-    pack,
-    refuse_overflow,
-    search,
+    new_super_blocks,
+    read_super_blocks,
+    search_blocks,
     sign_bits,
     signed,
     signs_and_magnitudes,
     super_scales,
 )
 from ggufsmith.quantize.iq_grids import iq2_grid
-from ggufsmith.quantize.numerics import F32, GROUP_MAX_EPS, float_warnings_off, fp16_bits, fp16_value, transposed
+from ggufsmith.quantize.numerics import F32, GROUP_MAX_EPS, float_warnings_off, transposed
 from ggufsmith.quantize.registry import QuantFormat, register
 from ggufsmith.quantize.search_affine import make_qp_quants
 
@@ -85,21 +83,7 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray | None, ggml_type:
         active &= ~(base <= 0)
     else:
         first_scale, base = block_max / F32(5), block_max
-    scales = np.zeros(block_max.size, dtype=F32)
-    index = np.zeros((block // GROUP, block_max.size), dtype=np.int32)
-    b = np.flatnonzero(active)
-    if b.size:
-        try:
-            scale, levels = search(spec, weight[:, b], xval[:, b], base[b], first_scale[b], first_levels[:, b])
-        except NoNeighbour:
-            raise refuse_overflow(ggml_type.name) from None
-        negative = scale < 0  # never for finite data: as ggml
-        if negative.any():
-            scale = np.where(negative, -scale, scale)
-            signs[:, b[negative]] = ~signs[:, b[negative]] & (255 if s else 127)
-        assert_scales_valid(scale, ggml_type.name)
-        scales[b] = scale
-        index[:, b] = spec.grid().index_of[pack(spec, levels)]
+    scales, index = search_blocks(spec, ggml_type.name, active, weight, xval, signs, not s, base, first_scale, first_levels)
     signs[:, ~active] = 0  # ggml skips an empty block before storing its signs
     return scales, index, signs, active
 
@@ -135,8 +119,7 @@ def _iq2_xxs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.nda
     words[:, 1] = signs[:, 0] | (signs[:, 1] << 7) | (signs[:, 2] << 14) | (signs[:, 3] << 21)
     words = words.reshape(n_super, per_super, 2)
     words[:, :, 1] |= block_levels.astype(np.uint32) << 28
-    out = np.zeros((n_super, _IQ2_XXS_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d, F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d, F32(0)), _IQ2_XXS_BYTES)
     out[:, 2:] = words.view(np.uint8).reshape(n_super, -1)
     out[~nonzero, 2:] = 0  # ggml clears the super-block's quants when every block scale is 0
     return out.reshape(rows.shape[0], -1)
@@ -144,8 +127,7 @@ def _iq2_xxs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.nda
 
 @float_warnings_off
 def _iq2_xxs_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ2_XXS_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ2_XXS_BYTES)
     per_super = QK_K // _IQ2_XXS_BLOCK
     quants = blocks[:, 2:].reshape(-1, per_super, 2, 4)
     index = quants[:, :, 0, :]  # [supers, 8, 4]
@@ -166,8 +148,7 @@ def _iq2_xs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndar
     d, block_levels, nonzero = super_scales(scales, active, per_super)
     n_super = d.size
     codes = transposed(index | (signs.astype(np.int32) << 9)).astype("<u2")  # [blocks, 2]
-    out = np.zeros((n_super, _IQ2_XS_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d, F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d, F32(0)), _IQ2_XS_BYTES)
     out[:, 2 : 2 + QK_K // 4] = codes.view(np.uint8).reshape(n_super, -1)
     out[~nonzero, 2 : 2 + QK_K // 4] = 0
     out[:, 2 + QK_K // 4 :] = _scale_nibbles(block_levels, nonzero)
@@ -176,8 +157,7 @@ def _iq2_xs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndar
 
 @float_warnings_off
 def _iq2_xs_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ2_XS_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ2_XS_BYTES)
     codes = blocks[:, 2 : 2 + QK_K // 4].copy().view("<u2").reshape(-1, QK_K // 16, 2)  # [supers, 16, 2]
     db = _nibble_scales(blocks[:, 2 + QK_K // 4 :], d)
     negative = even_parity_negatives(codes >> 9)
@@ -196,8 +176,7 @@ def _iq2_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
     n_super = d.size
     index = transposed(index).reshape(n_super, QK_K // GROUP)  # group i8 = 2 * block + k
     index[~active.reshape(n_super, per_super).repeat(2, axis=1)] = 0
-    out = np.zeros((n_super, _IQ2_S_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d * F32(0.9875), F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d * F32(0.9875), F32(0)), _IQ2_S_BYTES)
     out[:, 2:34] = (index & 255).astype(np.uint8)
     out[:, 34:66] = transposed(signs).reshape(n_super, -1)
     high = ((index >> 8) & 3).reshape(n_super, QK_K // 32, 4) << (2 * np.arange(4))
@@ -208,8 +187,7 @@ def _iq2_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
 
 @float_warnings_off
 def _iq2_s_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ2_S_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ2_S_BYTES)
     high = (blocks[:, 66:74, None].astype(np.int32) >> (2 * np.arange(4))) & 3  # [supers, 8, 4]
     index = blocks[:, 2:34].astype(np.int32) | (high.reshape(-1, QK_K // GROUP) << 8)
     db = _nibble_scales(blocks[:, 74:82], d)  # [supers, 16]

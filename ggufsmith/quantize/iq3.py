@@ -19,20 +19,18 @@ import numpy as np
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.iq_grid_search import (
     GridSearch,
-    NoNeighbour,
-    assert_scales_valid,
     block_inputs,
     even_parity_negatives,
-    pack,
-    refuse_overflow,
-    search,
+    new_super_blocks,
+    read_super_blocks,
+    search_blocks,
     sign_bits,
     signed,
     signs_and_magnitudes,
     super_scales,
 )
 from ggufsmith.quantize.iq_grids import iq3_grid
-from ggufsmith.quantize.numerics import F32, float_warnings_off, fp16_bits, fp16_value, transposed
+from ggufsmith.quantize.numerics import F32, float_warnings_off, transposed
 from ggufsmith.quantize.registry import QuantFormat, register
 
 BLOCK = 32
@@ -63,21 +61,8 @@ def _quantize_blocks(rows: np.ndarray, importance: np.ndarray | None, iq3_s: boo
     xval, signs = signs_and_magnitudes(x, weight, even_parity=not iq3_s)
     block_max = np.maximum.reduce(xval, axis=0)  # plain max: no NaN, and a tie of equals is equal
     active = block_max != 0 if iq3_s else ~(block_max < _IQ3_XXS_EPS)
-    scales = np.zeros(block_max.size, dtype=F32)
-    index = np.zeros((GROUPS, block_max.size), dtype=np.int32)
-    b = np.flatnonzero(active)
-    if b.size:
-        try:
-            scale, levels = search(spec, weight[:, b], xval[:, b], block_max[b], block_max[b] / F32(15))
-        except NoNeighbour:
-            raise refuse_overflow("IQ3_S" if iq3_s else "IQ3_XXS") from None
-        negative = scale < 0  # never for finite data (weights and magnitudes are >= 0): as ggml
-        if negative.any():
-            scale = np.where(negative, -scale, scale)
-            signs[:, b[negative]] = ~signs[:, b[negative]] & (255 if iq3_s else 127)
-        assert_scales_valid(scale, "IQ3_S" if iq3_s else "IQ3_XXS")
-        scales[b] = scale
-        index[:, b] = spec.grid().index_of[pack(spec, levels)]
+    scales, index = search_blocks(spec, "IQ3_S" if iq3_s else "IQ3_XXS", active, weight, xval, signs, not iq3_s,
+                                  block_max, block_max / F32(15))
     return scales, index, signs, active
 
 
@@ -98,8 +83,7 @@ def _iq3_xxs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.nda
     signs[~active] = 0  # ggml skips a block below the epsilon before storing its signs
     words = signs[:, 0] | (signs[:, 1] << 7) | (signs[:, 2] << 14) | (signs[:, 3] << 21)
     words = words.reshape(n_super, SUB_BLOCKS) | (block_levels.astype(np.uint32) << 28)
-    out = np.zeros((n_super, _IQ3_XXS_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d * F32(1.0125), F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d * F32(1.0125), F32(0)), _IQ3_XXS_BYTES)
     out[:, 2 : 2 + QK_K // 4] = transposed(index).astype(np.uint8).reshape(n_super, -1)
     out[:, 2 + QK_K // 4 :] = words.astype("<u4").view(np.uint8).reshape(n_super, -1)
     out[~nonzero, 2:] = 0  # ggml clears the whole super-block when every block scale is 0
@@ -108,8 +92,7 @@ def _iq3_xxs_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.nda
 
 @float_warnings_off
 def _iq3_xxs_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ3_XXS_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ3_XXS_BYTES)
     index = blocks[:, 2 : 2 + QK_K // 4].reshape(-1, SUB_BLOCKS, GROUPS)
     words = blocks[:, 2 + QK_K // 4 :].copy().view("<u4")  # [supers, 8]
     db = d[:, None] * (F32(0.5) + (words >> 28).astype(F32)) * F32(0.5)
@@ -139,8 +122,7 @@ def _iq3_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
     high = ((index >> 8) & 1).astype(np.uint8) << np.arange(GROUPS, dtype=np.uint8)
     qh = np.where(act, high.sum(axis=2, dtype=np.uint8), 0)
 
-    out = np.zeros((n_super, _IQ3_S_BYTES), dtype=np.uint8)
-    out[:, :2] = fp16_bits(np.where(nonzero, d * F32(1.033), F32(0))).view(np.uint8).reshape(-1, 2)
+    out = new_super_blocks(np.where(nonzero, d * F32(1.033), F32(0)), _IQ3_S_BYTES)
     out[:, 2:66] = qs.reshape(n_super, -1)
     out[:, 66:74] = qh
     out[:, 74:106] = sign_bytes.reshape(n_super, -1)
@@ -151,8 +133,7 @@ def _iq3_s_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarr
 
 @float_warnings_off
 def _iq3_s_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
-    blocks = np.ascontiguousarray(data).reshape(-1, _IQ3_S_BYTES)
-    d = fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
+    blocks, d = read_super_blocks(data, _IQ3_S_BYTES)
     qs = blocks[:, 2:66].reshape(-1, SUB_BLOCKS, GROUPS).astype(np.int32)
     qh = blocks[:, 66:74].astype(np.int32)
     index = qs | (((qh[:, :, None] >> np.arange(GROUPS)) & 1) << 8)

@@ -28,7 +28,15 @@ import numpy as np
 from ggufsmith.constants import QK_K
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize.iq_grids import GridTables
-from ggufsmith.quantize.numerics import F32, importance_by_position, nearest_int, position_major, sum_from_zero
+from ggufsmith.quantize.numerics import (
+    F32,
+    fp16_bits,
+    fp16_value,
+    importance_by_position,
+    nearest_int,
+    position_major,
+    sum_from_zero,
+)
 
 SIGN_GROUP = 8  # values per sign byte
 
@@ -244,6 +252,35 @@ def search(
     return scale, levels
 
 
+def search_blocks(
+    spec: GridSearch, type_name: str, active: np.ndarray, weight: np.ndarray, xval: np.ndarray, signs: np.ndarray,
+    even_parity: bool, base: np.ndarray, scale: np.ndarray, levels: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """search() on the active blocks: (block scales [blocks], grid indices int32 [groups per block,
+    blocks]), 0 for the others. A negative winning scale (never for finite data: as ggml) is made
+    positive and the block's sign bytes `signs` [sign bytes per block, blocks] inverted in place,
+    their 7 stored bits for the even-parity types, all 8 for the others. NoNeighbour becomes the
+    type's QuantizationError."""
+    n_blocks = active.size
+    scales = np.zeros(n_blocks, dtype=F32)
+    index = np.zeros((xval.shape[0] // spec.group, n_blocks), dtype=np.int32)
+    b = np.flatnonzero(active)
+    if b.size == 0:
+        return scales, index
+    try:
+        found, levels = search(spec, weight[:, b], xval[:, b], base[b], scale[b], None if levels is None else levels[:, b])
+    except NoNeighbour:
+        raise refuse_overflow(type_name) from None
+    negative = found < 0
+    if negative.any():
+        found = np.where(negative, -found, found)
+        signs[:, b[negative]] = ~signs[:, b[negative]] & (127 if even_parity else 255)
+    assert_scales_valid(found, type_name)
+    scales[b] = found
+    index[:, b] = spec.grid().index_of[pack(spec, levels)]
+    return scales, index
+
+
 def super_scales(
     scales: np.ndarray, active: np.ndarray, per_super: int, top: int = 15
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -262,7 +299,21 @@ def super_scales(
     return d, levels, max_scale != 0
 
 
+def new_super_blocks(d: np.ndarray, block_bytes: int) -> np.ndarray:
+    """uint8 [supers, block_bytes]: zeros but for the float16 super-block scale `d` in bytes 0..1."""
+    out = np.zeros((d.size, block_bytes), dtype=np.uint8)
+    out[:, :2] = fp16_bits(d).view(np.uint8).reshape(-1, 2)
+    return out
+
+
 # ---------------------------------------------------------------- decoding
+
+
+def read_super_blocks(data: np.ndarray, block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the quantized rows as super-blocks uint8 [supers, block_bytes], their float16 scale d in
+    bytes 0..1 as float32 [supers])."""
+    blocks = np.ascontiguousarray(data).reshape(-1, block_bytes)
+    return blocks, fp16_value(blocks[:, :2].copy().view(np.uint16)[:, 0])
 
 
 def even_parity_negatives(sign7: np.ndarray) -> np.ndarray:

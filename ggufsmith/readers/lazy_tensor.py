@@ -153,6 +153,10 @@ class RowSlicedTensor(LazyTensor):
     # The same rows as stored, without widening: bf16 as uint16 bit patterns. Lets the pipeline
     # turn bf16 into f16 with integer operations instead of a float32 detour.
     stored_rows_loader: object = None
+    # Where rows [start, stop) lie in their file (Callable[[int, int], file_rows.FileRows]), when
+    # they lie there contiguously in a type another process can widen itself: a quantizer process
+    # then reads them instead of receiving them through a pipe (converters/processes.py).
+    file_rows: object = None
 
     @property
     def n_rows(self) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ggufsmith.errors import ConversionError
+from ggufsmith.readers.file_rows import READABLE_DTYPES, FileRows
 from ggufsmith.readers.jsonfile import parse_json, shown as _shown
 from ggufsmith.readers.lazy_tensor import RowSlicedTensor
 
@@ -208,8 +209,12 @@ class SafetensorsFile:
                 return np.zeros(shape, np.float32 if layout.dtype_name in WIDEN else storage)
             return load_rows(0, n_elements // row_length).reshape(shape)
 
+        def file_rows(first: int, stop: int) -> FileRows:
+            return FileRows(str(self.path), start + first * row_length * storage.itemsize, layout.dtype_name,
+                            stop - first, row_length)
+
         return RowSlicedTensor(shape, layout.dtype_name, load, f"{self.path.name}:{layout.name}", load_rows,
-                               load_stored_rows)
+                               load_stored_rows, file_rows if layout.dtype_name in READABLE_DTYPES and shape else None)
 
     def _read(self, offset: int, count: int, storage: np.dtype, convert) -> np.ndarray:
         """convert(the `count` elements at byte `offset`): a copy out of the map, whose pages are then dropped."""
