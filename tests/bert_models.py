@@ -67,27 +67,32 @@ def write_sentence_transformers_modules(model_dir: Path, pooling: str, hidden_si
     (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False, seed: int = 0,
-               hidden_size: int = 64, labels: list[str] | None = None) -> Path:
-    """A random-weight BertModel (BertForMaskedLM; RobertaModel or XLMRobertaModel, whose positions
-    start at pad_token_id + 1 and which have one token type) for the tokenizer already in `model_dir`;
-    with `labels`, the *ForSequenceClassification model of that family with those labels (a
-    reranker: one)."""
+def build_bert(model_dir: Path, *, masked_lm: bool = False, roberta: bool = False, xlmr: bool = False,
+               camembert: bool = False, distilbert: bool = False, seed: int = 0, hidden_size: int = 64,
+               labels: list[str] | None = None) -> Path:
+    """A random-weight BertModel (BertForMaskedLM; RobertaModel, XLMRobertaModel or CamembertModel,
+    whose positions start at pad_token_id + 1 and which have one token type; DistilBertModel or
+    DistilBertForMaskedLM, BERT under other names without token types) for the tokenizer already in
+    `model_dir`; with `labels`, the *ForSequenceClassification model of that family with those labels
+    (a reranker: one)."""
     import torch
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    roberta = roberta or xlmr
-    config_class = transformers.XLMRobertaConfig if xlmr else transformers.RobertaConfig if roberta else transformers.BertConfig
-    config = config_class(
-        vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
-        hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
-        max_position_embeddings=98 if roberta else 96, type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12,
-        pad_token_id=1 if roberta else 0,
-        **({"id2label": dict(enumerate(labels))} if labels else {}),
-    )
+    roberta = roberta or xlmr or camembert
+    family = ("Camembert" if camembert else "XLMRoberta" if xlmr else "Roberta" if roberta else
+              "DistilBert" if distilbert else "Bert")
+    sizes = dict(vocab_size=len(tokenizer) + 3,  # a few rows past the tokenizer: padded with unused tokens
+                 max_position_embeddings=98 if roberta else 96, pad_token_id=1 if roberta else 0,
+                 **({"id2label": dict(enumerate(labels))} if labels else {}))
+    if distilbert:
+        config = transformers.DistilBertConfig(dim=hidden_size, n_layers=3, n_heads=4, hidden_dim=2 * hidden_size,
+                                               **sizes)
+    else:
+        config = getattr(transformers, family + "Config")(
+            hidden_size=hidden_size, num_hidden_layers=3, num_attention_heads=4, intermediate_size=2 * hidden_size,
+            type_vocab_size=1 if roberta else 2, layer_norm_eps=1e-12, **sizes)
     torch.manual_seed(seed)
-    family = "XLMRoberta" if xlmr else "Roberta" if roberta else "Bert"
     head = "ForSequenceClassification" if labels else "ForMaskedLM" if masked_lm else "Model"
     model = redraw_weights(getattr(transformers, family + head)(config).eval())
     model.save_pretrained(model_dir)
@@ -100,7 +105,7 @@ def redraw_weights(model):
 
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "layernorm.weight" in name.lower():
+            if "layernorm.weight" in name.lower() or "layer_norm.weight" in name:
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif param.dim() == 1:
                 param.copy_(0.2 * torch.randn_like(param))
@@ -172,6 +177,30 @@ def jina_v3_as_published(source_dir: Path, model_dir: Path, *, rank: int = 4) ->
     return model_dir
 
 
+def build_eurobert(model_dir: Path, model_class: str = "EuroBertModel", pooling: str = "mean", seed: int = 0) -> Path:
+    """A random-weight EuroBertModel (or EuroBertForMaskedLM) with GQA and a Llama-3-style byte-level
+    BPE tokenizer, in a sentence-transformers folder with `pooling`."""
+    import torch
+    import transformers
+
+    from tests.family_models import randomize
+    from tests.tokenizer_helpers import train_bpe
+
+    train_bpe(model_dir, "llama3", vocab_size=700)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    config = transformers.EuroBertConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(config).eval()
+    randomize(model)
+    model.save_pretrained(model_dir)
+    write_sentence_transformers_modules(model_dir, pooling, hidden_size=64)
+    return model_dir
+
+
 ROBERTA_SPECIAL = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
@@ -194,10 +223,12 @@ def train_roberta_bpe(model_dir: Path, vocab_size: int = 700):
     return fast
 
 
-def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
+def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500, tokenizer_class: str = "XLMRobertaTokenizer",
+                       keep_model_file: bool = False):
     """A SentencePiece Unigram model (nmt_nfkc normalization) in XLM-RoBERTa's sentencepiece.bpe.model,
-    saved by transformers' XLMRobertaTokenizer as XLM-R folders ship it (tokenizer.json, whose ids
-    fairseq shifted); returns it."""
+    saved by transformers' XLMRobertaTokenizer (or `tokenizer_class`: CamembertTokenizer, whose
+    fairseq specials differ) as XLM-R folders ship it (tokenizer.json, whose ids fairseq shifted;
+    keep_model_file: sentencepiece.bpe.model beside it, as CamemBERT folders ship); returns it."""
     import io
 
     import sentencepiece as spm
@@ -209,9 +240,10 @@ def train_xlmr_unigram(model_dir: Path, vocab_size: int = 1500):
                                    minloglevel=2)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "sentencepiece.bpe.model").write_bytes(buffer.getvalue())
-    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": tokenizer_class}))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
+    if not keep_model_file:
+        (model_dir / "sentencepiece.bpe.model").unlink()  # as BGE-M3 ships: tokenizer.json only
     tokenizer.save_pretrained(model_dir)
     return tokenizer
 
@@ -243,6 +275,59 @@ def llama_embeddings(path: Path, texts: list[str], **options) -> list[np.ndarray
     try:
         return [np.asarray(llm.embed(text, normalize=options.get("pooling_type") is None), dtype=np.float64)
                 for text in texts]
+    finally:
+        llm.close()
+
+
+def encoder_states(model_dir: Path, model_class: str = "AutoModel", patch=None) -> list[tuple[list[int], np.ndarray]]:
+    """Per sentence of SENTENCES: transformers' token ids and the last hidden state of the encoder in
+    `model_dir` (AutoModel: the encoder of a MaskedLM too), after patch(model) if given."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = getattr(transformers, model_class).from_pretrained(model_dir).eval()
+    if patch is not None:
+        patch(model)
+    rows = []
+    for text in SENTENCES:
+        ids = tokenizer(text)["input_ids"]
+        with torch.no_grad():
+            rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
+    return rows
+
+
+def assert_pooled_match(path: Path, rows, pooling: str, max_error: float, min_cosine: float, label: str) -> None:
+    """llama.cpp's pooled, normalized embedding of each sentence (the file's pooling) against
+    `pooling` over the reference states `rows` (encoder_states): max |difference| / std and cosine."""
+    for text, got, (_, hidden) in zip(SENTENCES, llama_embeddings(path, SENTENCES), rows):
+        expected = pooled(hidden, pooling)
+        error = np.abs(got - expected).max() / expected.std()
+        cosine = float(got @ expected / np.linalg.norm(got))
+        print(f"{label}: max error / std {error:.1e}, 1 - cosine {1 - cosine:.1e}")
+        assert error <= max_error and cosine >= min_cosine, (text, error, cosine)
+
+
+def assert_token_states_match(path: Path, rows, tolerance: float, label: str) -> None:
+    """Every token's state (pooling turned off) against the reference states: max |difference| / std."""
+    import llama_cpp
+
+    per_text = llama_embeddings(path, SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
+    for text, got, (_, hidden) in zip(SENTENCES, per_text, rows):
+        assert got.shape == hidden.shape, text
+        error = np.abs(got - hidden).max() / hidden.std()
+        print(f"{label} per token: max error / std {error:.1e}")
+        assert error <= tolerance, (text, error)
+
+
+def assert_tokenizes_as_transformers(path: Path, rows) -> None:
+    """llama.cpp's token ids of each sentence (with the file's BOS/EOS settings) are transformers'."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    try:
+        for text, (ids, _) in zip(SENTENCES, rows):
+            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
     finally:
         llm.close()
 

@@ -25,7 +25,8 @@ def ggml_gelu(x):
 
 def use_ggml_gelu(model, attribute: str = "intermediate_act_fn") -> int:
     """Replace the GELU that every MLP block of `model` keeps as `attribute` (BERT's intermediate
-    blocks: intermediate_act_fn; ModernBERT's MLP and T5's gated feed-forward: act; Gemma's MLP: act_fn) by ggml's; returns how
+    blocks: intermediate_act_fn; DistilBERT's FFN: activation; ModernBERT's MLP and T5's gated
+    feed-forward: act; Gemma's MLP: act_fn) by ggml's; returns how
     many were replaced (a test asserts it is not zero, so a renamed attribute cannot pass silently)."""
     import torch
 
@@ -33,7 +34,8 @@ def use_ggml_gelu(model, attribute: str = "intermediate_act_fn") -> int:
         def forward(self, x):
             return ggml_gelu(x)
 
-    blocks = [module for module in model.modules() if type(module).__name__.endswith(("MLP", "Intermediate", "DenseGatedActDense"))
+    blocks = [module for module in model.modules()
+              if type(module).__name__.endswith(("MLP", "Intermediate", "FFN", "DenseGatedActDense"))
               and hasattr(module, attribute)]
     for module in blocks:
         setattr(module, attribute, GgmlGelu())

@@ -10,7 +10,10 @@ which sentence-transformers does not use) are left out, as llama.cpp's converter
 RoBERTa (`RobertaModel`) is the same graph: its position ids start after the padding id
 (pad_token_id + 1, for the tokens of an unpadded text), so the rows before are cut off and the
 context is that much shorter, as llama.cpp's converter does; its tokenizer is a byte-level BPE.
-Every other tensor is stored as HF stores it.
+CamemBERT (`CamembertModel`) is RoBERTa with a SentencePiece Unigram tokenizer, as XLM-RoBERTa.
+DistilBERT (`DistilBertModel`, `DistilBertForMaskedLM`) is BERT's graph under names and config keys
+of its own, without token types and with the layer-norm epsilon fixed at 1e-12; its MaskedLM head
+(`vocab_*`) is left out. Every other tensor is stored as HF stores it.
 
 Classifiers and rerankers (`*ForSequenceClassification`: cross-encoder/ms-marco-MiniLM,
 bge-reranker) run through llama.cpp's rank pooling ({arch}.pooling_type = rank, written here so the
@@ -83,6 +86,29 @@ _ROBERTA_HEAD = {  # RoBERTa's classifier.dense + tanh, then classifier.out_proj
 _CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
                 "XLMRobertaForSequenceClassification")
 
+# DistilBERT: BERT's graph under its own names, without token types (`distilbert.` before the encoder
+# of its MaskedLM and classifier models).
+_DISTIL_LAYER = "transformer.layer.{bid}."
+_DISTILBERT_NAMES = {
+    "embeddings.word_embeddings.weight": _NAMES["embeddings.word_embeddings.weight"],
+    "embeddings.position_embeddings.weight": _NAMES["embeddings.position_embeddings.weight"],
+    **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
+    **linear(_DISTIL_LAYER + "attention.q_lin", BLOCK + "attn_q", "n_embd", "n_embd"),
+    **linear(_DISTIL_LAYER + "attention.k_lin", BLOCK + "attn_k", "n_embd", "n_embd"),
+    **linear(_DISTIL_LAYER + "attention.v_lin", BLOCK + "attn_v", "n_embd", "n_embd"),
+    **linear(_DISTIL_LAYER + "attention.out_lin", BLOCK + "attn_output", "n_embd", "n_embd"),
+    **layer_norm(_DISTIL_LAYER + "sa_layer_norm", BLOCK + "attn_output_norm"),
+    **linear(_DISTIL_LAYER + "ffn.lin1", BLOCK + "ffn_up", "n_ff", "n_embd"),
+    **linear(_DISTIL_LAYER + "ffn.lin2", BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **layer_norm(_DISTIL_LAYER + "output_layer_norm", BLOCK + "layer_output_norm"),
+}
+_DISTILBERT_CLASSES = ("DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification")
+# config.json's names of what llama.cpp reads: BERT's (RoBERTa's, CamemBERT's), and DistilBERT's own
+# (it fixes the layer-norm epsilon at 1e-12 and has no token types).
+_BERT_CONFIG = {"layers": "num_hidden_layers", "embd": "hidden_size", "heads": "num_attention_heads",
+                "ff": "intermediate_size", "act": "hidden_act"}
+_DISTILBERT_CONFIG = {"layers": "n_layers", "embd": "dim", "heads": "n_heads", "ff": "hidden_dim", "act": "activation"}
+
 
 def output_labels(config: HFConfig) -> list[str]:
     """A classifier's labels in id order, from config.json's id2label (transformers' default when
@@ -127,8 +153,9 @@ def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks
 
 class Bert(Architecture):
     name = "bert"
-    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", *_CLASSIFIERS)
-    model_types = ("bert", "roberta", "xlm-roberta")
+    hf_classes = ("BertModel", "BertForMaskedLM", "RobertaModel", "XLMRobertaModel", "CamembertModel", *_CLASSIFIERS,
+                  *_DISTILBERT_CLASSES)
+    model_types = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert")
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
@@ -152,13 +179,20 @@ class Bert(Architecture):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
-        reject(c, c.get_str("hidden_act") not in GELU, f"hidden_act is {c.get_str('hidden_act')!r} (not GELU)")
+        self.distilbert = c.model_type == "distilbert" or any(a in _DISTILBERT_CLASSES for a in c.architectures)
+        self.config_names = _DISTILBERT_CONFIG if self.distilbert else _BERT_CONFIG
+        act = self.config_names["act"]
+        reject(c, c.get_str(act) not in GELU, f"{act} is {c.get_str(act)!r} (not GELU)")
+        reject(c, "DistilBertForSequenceClassification" in c.architectures,
+               "DistilBertForSequenceClassification's head applies ReLU after pre_classifier (llama.cpp's rank "
+               "pooling applies tanh there: the scores would be wrong)")
         reject(c, c.get_str("position_embedding_type") != self.position_embedding,
                f"position_embedding_type is {c.get_str('position_embedding_type')!r} (not {self.position_embedding})")
         reject(c, c.get_bool("is_decoder", default=False), "is_decoder is set (causal attention)")
         # XLM-RoBERTa (BGE-M3, multilingual-e5) is RoBERTa with a SentencePiece Unigram tokenizer.
-        roberta = c.model_type in ("roberta", "xlm-roberta", "jina_embeddings_v3") or any(
-            name in self.checkpoint_config.architectures for name in ("RobertaModel", "XLMRobertaModel"))
+        # CamemBERT is RoBERTa with a SentencePiece Unigram tokenizer too.
+        roberta = c.model_type in ("roberta", "xlm-roberta", "camembert", "jina_embeddings_v3") or any(
+            name in self.checkpoint_config.architectures for name in ("RobertaModel", "XLMRobertaModel", "CamembertModel"))
         # RoBERTa numbers positions from pad_token_id + 1 (RobertaConfig's default padding id is 1).
         self.position_offset = c.get_int("pad_token_id", default=1) + 1 if roberta else 0
         if roberta:
@@ -168,6 +202,10 @@ class Bert(Architecture):
                 raise ConversionError(f"{c.label}: pad_token_id = {self.position_offset - 1} leaves no position: "
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
                                       f"is {c.get_int('max_position_embeddings')}")
+        if self.distilbert:  # DistilBertForMaskedLM's head is vocab_transform, vocab_layer_norm, vocab_projector
+            self.tensor_names = {f"{prefix}{hf}": entry for prefix in ("distilbert.", "") for hf, entry in
+                                 _DISTILBERT_NAMES.items()}
+            self.ignored_tensors = (r"(distilbert\.)?embeddings\.position_ids", r"vocab_(transform|layer_norm|projector)\..*")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
         self.labels = output_labels(c) if any(name in _CLASSIFIERS for name in c.architectures) else []
         if self.labels:  # BERT's pooler is its classification head's first layer
@@ -175,17 +213,22 @@ class Bert(Architecture):
             self.tensor_names = {**self.encoder_names, **(_ROBERTA_HEAD if roberta else _BERT_HEAD)}
 
     def dims(self) -> dict[str, Dim]:
-        count = self.config.get_int("type_vocab_size", min=1)
-        return {"n_token_types": Dim(int(count), count.origin), "n_cls_out": Dim(len(self.labels), "id2label")}
+        if self.distilbert:  # no token types; llama.cpp needs a count, and 1 is what its converter writes
+            token_types = Dim(1, "DistilBERT has no token types")
+        else:
+            count = self.config.get_int("type_vocab_size", min=1)
+            token_types = Dim(int(count), count.origin)
+        return {"n_token_types": token_types, "n_cls_out": Dim(len(self.labels), "id2label")}
 
     def metadata(self) -> Metadata:
-        c = self.config
+        c, names = self.config, self.config_names
         pooling = PoolingType.RANK if self.labels else None  # a classification head runs in rank pooling only
         metadata = encoder_keys(self.name, self.sentence_transformers, pooling=pooling,
-                                blocks=c.get_int("num_hidden_layers", min=1),
+                                blocks=c.get_int(names["layers"], min=1),
                                 context=c.get_int("max_position_embeddings", min=1) - self.position_offset,
-                                embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
-                                heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("layer_norm_eps", min=0),
+                                embd=c.get_int(names["embd"], min=1), ff=c.get_int(names["ff"], min=1),
+                                heads=c.get_int(names["heads"], min=1),
+                                eps=1e-12 if self.distilbert else c.get_float("layer_norm_eps", min=0),
                                 token_types=self.dims()["n_token_types"].value)
         if self.labels:
             metadata.add_array(arch_key(Keys.LLM.CLASSIFIER_OUTPUT_LABELS, self.name), self.labels,

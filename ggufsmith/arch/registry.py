@@ -20,7 +20,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "phi3", "glm4", "minimax", "exaone4", "mistral3", "apertus",
     "falcon", "gpt2", "gptneox", "gptj", "bloom", "mpt",
     "mamba", "qwen_hybrid", "lfm2", "jamba", "nemotron_h", "falcon_h1", "rwkv", "whisper",
-    "bert", "nomic_bert", "modern_bert", "jina_bert_v3", "t5",
+    "bert", "nomic_bert", "modern_bert", "jina_bert_v3", "eurobert", "t5",
 )
 
 

@@ -39,7 +39,8 @@ _WHITESPACE_MARK = "\u2581"
 # transformers' classes that build their own normalizer (the charsmap only) and pre-tokenizer
 # (WhitespaceSplit, then Metaspace prepend_scheme always) around tokenizer.json's vocabulary.
 _T5_CLASSES = {"T5Tokenizer", "T5TokenizerFast", "MT5Tokenizer", "MT5TokenizerFast"}
-_OWN_PIPELINE_CLASSES = _T5_CLASSES | {"XLMRobertaTokenizer", "XLMRobertaTokenizerFast"}
+_OWN_PIPELINE_CLASSES = _T5_CLASSES | {"XLMRobertaTokenizer", "XLMRobertaTokenizerFast", "CamembertTokenizer",
+                                       "CamembertTokenizerFast"}
 _MAX_SENTINELS = 10_000  # T5 has 100; more is damage, and would grow the token list without bound
 _MULTIPLE_SPACES = {"Regex": " {2,}"}  # the Replace step older converted tokenizer.json files carry
 
@@ -67,6 +68,9 @@ def is_fairseq_model(path: Path) -> bool:
     return path.name == XLMR_SPIECE_MODEL
 
 
+_CAMEMBERT_CLASSES = {"CamembertTokenizer", "CamembertTokenizerFast"}
+
+
 def _fairseq_ids(proto: ModelProto) -> list[tuple[str, TokenType, float]]:
     """XLM-RoBERTa's ids: fairseq puts <s> <pad> </s> <unk> first and shifts every other piece of
     the SentencePiece model (whose own first three are <unk> <s> </s>) one id up, as transformers'
@@ -77,7 +81,19 @@ def _fairseq_ids(proto: ModelProto) -> list[tuple[str, TokenType, float]]:
     return head + pieces + [("<mask>", TokenType.CONTROL, 0.0)]
 
 
-def _load_model_file(path: Path, vocab: Vocabulary, differences: TokenizationDifferences) -> dict[str, int]:
+def _camembert_ids(proto: ModelProto) -> list[tuple[str, TokenType, float]]:
+    """CamemBERT's ids, as transformers' CamembertTokenizer gives them: <s>NOTUSED <pad> </s>NOTUSED
+    <unk> first, then every piece of the SentencePiece model four ids up (its own <unk> <s> </s>
+    becoming <unk>NOTUSED, <s>, </s>), <mask> after them all."""
+    head = [("<s>NOTUSED", TokenType.CONTROL, 0.0), ("<pad>", TokenType.CONTROL, 0.0),
+            ("</s>NOTUSED", TokenType.CONTROL, 0.0), ("<unk>", TokenType.UNKNOWN, 0.0)]
+    own = [("<unk>NOTUSED", TokenType.CONTROL, -100.0), ("<s>", TokenType.CONTROL, 0.0), ("</s>", TokenType.CONTROL, 0.0)]
+    pieces = [(piece.piece, TokenType(piece.type), piece.score) for piece in proto.pieces[3:]]
+    return head + own + pieces + [("<mask>", TokenType.CONTROL, 0.0)]
+
+
+def _load_model_file(path: Path, vocab: Vocabulary, differences: TokenizationDifferences,
+                     tokenizer_class: str | None) -> dict[str, int]:
     """Pieces, scores, types and normalizer settings of a Unigram model file; returns the special ids
     the model declares."""
     proto = load_model_proto(path)
@@ -86,7 +102,10 @@ def _load_model_file(path: Path, vocab: Vocabulary, differences: TokenizationDif
     normalizer = proto.normalizer_spec
     if not normalizer.escape_whitespaces:
         differences.add(f"{path.name}'s escape_whitespaces=false", "text with spaces (llama.cpp writes them as '▁')")
-    if is_fairseq_model(path):
+    if is_fairseq_model(path) and tokenizer_class in _CAMEMBERT_CLASSES:
+        pieces = _camembert_ids(proto)
+        declared = {"bos": 5, "pad": 1, "eos": 6, "unk": 3, "cls": 5, "sep": 6, "mask": len(pieces) - 1}
+    elif is_fairseq_model(path):
         pieces = _fairseq_ids(proto)
         declared = {"bos": 0, "pad": 1, "eos": 2, "unk": 3, "cls": 0, "sep": 2, "mask": len(pieces) - 1}
     else:
@@ -221,7 +240,8 @@ def load_unigram_vocabulary(model_dir: Path, tokenizer_json: dict[str, Any], jso
             raise TokenizerError(f"{model_dir}: no Unigram {json_path.name} and no Unigram SentencePiece model "
                                  f"({', '.join(UNIGRAM_MODEL_FILES)}); a 't5' tokenizer needs one of them")
         vocab = Vocabulary(model="t5", pre="default", source=source, scores=[])
-        declared = _load_model_file(source, vocab, differences)
+        tokenizer_class = get_typed(files.tokenizer_config, "tokenizer_class", str, files.model_dir / TOKENIZER_CONFIG)
+        declared = _load_model_file(source, vocab, differences, tokenizer_class)
         added = added_token_entries(model_dir, files, tokenizer_json)
         added = _t5_sentinels(files, len(vocab), added) + added
     note_space_stripping(added, differences)
