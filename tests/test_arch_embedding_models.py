@@ -27,6 +27,7 @@ from ggufsmith.constants import PoolingType
 from tests.bert_models import SENTENCES, llama_embeddings
 from tests.embedding_models import build_embeddinggemma, build_modernbert
 from tests.ggml_activations import use_ggml_gelu
+from tests.family_models import conversions
 from tests.llamacpp_reference import TOKENIZER_KEY_DIFFERENCES, assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -102,16 +103,7 @@ def reference(model_dirs) -> dict[str, list[tuple[list[int], np.ndarray]]]:
 
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("embedding_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("embedding_gguf"))
 
 
 def assert_close(kind: str, label: str, got: list[np.ndarray], expected: list[np.ndarray],

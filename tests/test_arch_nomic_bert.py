@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import (
     SENTENCES, llama_embeddings, pooled, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
 )
 from tests.ggml_activations import ggml_gelu
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -98,16 +98,7 @@ def test_transformers_reads_the_saved_dense_model_back(nomic_models, nomic_refer
 @pytest.fixture(scope="session")
 def nomic_converted(nomic_models, tmp_path_factory):
     dirs, _ = nomic_models
-    root = tmp_path_factory.mktemp("nomic_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in dirs.items()}, tmp_path_factory.mktemp("nomic_gguf"))
 
 
 @pytest.mark.parametrize("outtype", OUTTYPES)

@@ -31,6 +31,7 @@ import ggufsmith
 from ggufsmith.constants import PoolingType
 from tests.bert_models import write_sentence_transformers_modules
 from tests.ggml_activations import use_ggml_gelu
+from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 from tests.t5_models import build_t5, train_t5_unigram
 
@@ -68,16 +69,7 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def converted(model_dirs, tmp_path_factory):
-    root = tmp_path_factory.mktemp("t5_gguf")
-    cache = {}
-
-    def get(kind: str, outtype: str) -> Path:
-        if (kind, outtype) not in cache:
-            cache[kind, outtype] = root / f"{kind}-{outtype}.gguf"
-            ggufsmith.convert(model_dirs[kind], cache[kind, outtype], outtype)
-        return cache[kind, outtype]
-
-    return get
+    return conversions({kind: (folder,) for kind, folder in model_dirs.items()}, tmp_path_factory.mktemp("t5_gguf"))
 
 
 def _tolerance(kind: str, outtype: str) -> float:
