@@ -34,6 +34,7 @@ import pytest
 
 from ggufsmith.constants import PoolingType
 from tests.bert_models import build_bert, train_roberta_bpe, train_wordpiece, train_xlmr_unigram
+from tests.damaged_inputs import run_cli
 from tests.family_models import conversions
 from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_conversions
 from tests.test_arch_bert import BERT_KEY_DIFFERENCES, XLMR_KEY_DIFFERENCES
@@ -154,6 +155,16 @@ def test_bert_document_token_type_is_not_what_transformers_gives(reference):
         relative = max(np.abs(pair - type_0).max() / np.abs(pair).max() for _, pair, type_0 in reference[kind])
         print(f"{kind}: transformers' pair scores vs token types 0: {relative:.1e} relative")
         assert (relative > 1e-3) if kind == "bert" else (relative == 0)
+
+
+@pytest.mark.parametrize("kind", LABELS)
+def test_a_bert_reranker_is_converted_with_a_warning_about_token_types(model_dirs, tmp_path, kind):
+    """That difference is said once when converting a BERT cross-encoder (two token types), and not
+    for RoBERTa's or XLM-R's, whose scores are transformers' own."""
+    proc = run_cli("convert", model_dirs[kind], tmp_path / "out.gguf", "--outtype", "f32", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "token type 0" in line]
+    assert len(warned) == (1 if kind == "bert" else 0), proc.stderr
 
 
 @pytest.mark.parametrize("kind", LABELS)

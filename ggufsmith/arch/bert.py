@@ -26,6 +26,8 @@ sigmoid over them is the caller's, as with transformers' logits.
 
 from __future__ import annotations
 
+import logging
+
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.tensors import Dim, T
@@ -34,6 +36,8 @@ from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder
+
+log = logging.getLogger(__name__)
 
 # Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
 # approximation differ by less than the float16 table llama.cpp evaluates GELU through).
@@ -211,6 +215,10 @@ class Bert(Architecture):
         if self.labels:  # BERT's pooler is its classification head's first layer
             self.ignored_tensors = tuple(p for p in self.ignored_tensors if "pooler" not in p)
             self.tensor_names = {**self.encoder_names, **(_ROBERTA_HEAD if roberta else _BERT_HEAD)}
+            if not roberta and self.dims()["n_token_types"].value > 1:
+                log.warning("%s: llama.cpp gives every token of a pair token type 0, where transformers gives the "
+                            "second text type 1: this reranker's scores will differ from transformers' by what its "
+                            "two token_type_embeddings rows differ", c.label)
 
     def dims(self) -> dict[str, Dim]:
         if self.distilbert:  # no token types; llama.cpp needs a count, and 1 is what its converter writes
