@@ -286,7 +286,7 @@ def encoder_states(model_dir: Path, model_class: str = "AutoModel", patch=None) 
     import transformers
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = getattr(transformers, model_class).from_pretrained(model_dir).eval()
+    model = getattr(transformers, model_class).from_pretrained(model_dir, dtype=torch.float32).eval()  # whatever it was saved in
     if patch is not None:
         patch(model)
     rows = []

@@ -24,7 +24,7 @@ import pytest
 
 import ggufsmith
 from ggufsmith.constants import PoolingType
-from tests.bert_models import SENTENCES, llama_embeddings
+from tests.bert_models import SENTENCES, assert_tokenizes_as_transformers, encoder_states, llama_embeddings
 from tests.embedding_models import build_embeddinggemma, build_modernbert
 from tests.ggml_activations import use_ggml_gelu
 from tests.family_models import conversions
@@ -72,16 +72,10 @@ def dense_modules(model_dir: Path) -> list[np.ndarray]:
 def token_states(model_dir: Path, ggml_gelu: bool = False) -> list[tuple[list[int], np.ndarray]]:
     """Per sentence: transformers' token ids and last hidden state (with ggml_gelu, the MLPs'
     GELU computed as ggml computes it)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if ggml_gelu:
+    def patch(model) -> None:
         assert use_ggml_gelu(model, "act" if "ModernBert" in type(model).__name__ else "act_fn") == len(model.layers)
-    rows = []
-    for text in SENTENCES:
-        ids = tokenizer(text)["input_ids"]
-        with torch.no_grad():
-            rows.append((ids, model(torch.tensor([ids])).last_hidden_state[0].double().numpy()))
-    return rows
+
+    return encoder_states(model_dir, patch=patch if ggml_gelu else None)
 
 
 def sentence_vectors(model_dir: Path, states: list[tuple[list[int], np.ndarray]]) -> list[np.ndarray]:
@@ -152,12 +146,7 @@ def test_token_states_match_transformers(model_dirs, converted, reference, kind)
 
 @pytest.mark.parametrize("kind", MODELS)
 def test_llama_cpp_tokenizes_as_transformers(converted, reference, kind):
-    llm = llama_cpp.Llama(model_path=str(converted(kind, "f32")), vocab_only=True, verbose=False)
-    try:
-        for text, (ids, _) in zip(SENTENCES, reference[kind]):
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-    finally:
-        llm.close()
+    assert_tokenizes_as_transformers(converted(kind, "f32"), reference[kind])
 
 
 @pytest.mark.parametrize("kind", MODELS)

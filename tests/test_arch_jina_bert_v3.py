@@ -38,7 +38,7 @@ import pytest
 
 from ggufsmith.constants import PoolingType
 from tests.bert_models import (
-    JINA_TASKS, SENTENCES, build_jina_v3, jina_v3_as_published, jina_v3_with_task, llama_embeddings, pooled,
+    JINA_TASKS, SENTENCES, assert_token_states_match, assert_tokenizes_as_transformers, build_jina_v3, jina_v3_as_published, jina_v3_with_task, llama_embeddings, pooled,
     train_xlmr_unigram,
 )
 from tests.family_models import conversions
@@ -89,21 +89,11 @@ def test_pooled_embeddings_match_transformers(converted, reference, outtype):
 
 def test_token_embeddings_match_transformers(converted, reference):
     """Every token's state (pooling off), f32: the rotary positions of each token, not only the mean."""
-    per_text = llama_embeddings(converted("native", "f32"), SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
-    for text, got, (_, hidden) in zip(SENTENCES, per_text, reference):
-        assert got.shape == hidden.shape, text
-        error = np.abs(got - hidden).max() / hidden.std()
-        print(f"jina-bert-v3 per token f32: max error / std {error:.1e}")
-        assert error <= TOKEN_TOLERANCE, (text, error)
+    assert_token_states_match(converted("native", "f32"), reference, TOKEN_TOLERANCE, "jina-bert-v3 f32")
 
 
 def test_llama_cpp_tokenizes_as_transformers(converted, reference):
-    llm = llama_cpp.Llama(model_path=str(converted("native", "f32")), vocab_only=True, verbose=False)
-    try:
-        for text, (ids, _) in zip(SENTENCES, reference):
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-    finally:
-        llm.close()
+    assert_tokenizes_as_transformers(converted("native", "f32"), reference)
 
 
 def test_keys(converted):

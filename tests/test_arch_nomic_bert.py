@@ -31,7 +31,7 @@ import pytest
 
 from ggufsmith.constants import PoolingType
 from tests.bert_models import (
-    SENTENCES, llama_embeddings, pooled, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
+    SENTENCES, assert_token_states_match, assert_tokenizes_as_transformers, llama_embeddings, pooled, train_wordpiece, train_xlmr_unigram, write_sentence_transformers_modules,
 )
 from tests.ggml_activations import ggml_gelu
 from tests.family_models import conversions
@@ -139,22 +139,12 @@ def test_moe_f32_embeddings_are_exact_up_to_ggml_gelu(nomic_models, nomic_refere
 @pytest.mark.parametrize("kind", POOLING)
 def test_token_embeddings_match_the_reference(nomic_converted, nomic_reference, kind):
     """Every token's last hidden state (pooling off), in f32: the rope positions of each token."""
-    per_text = llama_embeddings(nomic_converted(kind, "f32"), SENTENCES, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_NONE)
-    for text, got, (ids, hidden) in zip(SENTENCES, per_text, nomic_reference[kind]):
-        assert got.shape == hidden.shape, text
-        error = np.abs(got - hidden).max() / hidden.std()
-        print(f"{kind} per token f32: max error / std {error:.1e}")
-        assert error <= TOKEN_TOLERANCE, (text, error)
+    assert_token_states_match(nomic_converted(kind, "f32"), nomic_reference[kind], TOKEN_TOLERANCE, f"{kind} f32")
 
 
 @pytest.mark.parametrize("kind", POOLING)
 def test_llama_cpp_tokenizes_as_transformers(nomic_converted, nomic_reference, kind):
-    llm = llama_cpp.Llama(model_path=str(nomic_converted(kind, "f32")), vocab_only=True, verbose=False)
-    try:
-        for text, (ids, _) in zip(SENTENCES, nomic_reference[kind]):
-            assert llm.tokenize(text.encode(), add_bos=True, special=False) == ids, text
-    finally:
-        llm.close()
+    assert_tokenizes_as_transformers(nomic_converted(kind, "f32"), nomic_reference[kind])
 
 
 @pytest.mark.parametrize("kind", POOLING)
