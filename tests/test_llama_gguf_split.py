@@ -12,7 +12,6 @@ from the pinned llama.cpp's source at test time (tests/gguf_split_tool.py).
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import ggufsmith
 from tests.damaged_inputs import assert_clean_failure, leftovers, run_cli
 from tests.gguf_split_tool import llama_gguf_split, run_gguf_split  # noqa: F401  (llama_gguf_split: a fixture)
 from tests.test_llama_convert import llamacpp_logits
+from tests.test_split_files import assert_inspect_reports_the_whole_model
 
 pytestmark = pytest.mark.slow
 
@@ -158,13 +158,7 @@ def test_parts_of_llama_gguf_split_are_inspected_requantized_and_merged(llama_gg
     single = models["f16"]
     parts = theirs_split(llama_gguf_split, single, tmp_path / "theirs", "--split-max-size", "1M")
     assert len(parts) > 2
-    proc = run_cli("inspect", parts[0], "--json")
-    assert proc.returncode == 0, proc.stderr
-    report, whole = json.loads(proc.stdout), json.loads(run_cli("inspect", single, "--json").stdout)
-    assert report["split"]["count"] == len(parts) and report["split"]["warnings"] == []
-    assert report["split"]["totals"] == {"tensors": len(whole["tensors"]), "parameters": whole["totals"]["parameters"],
-                                         "tensor_bytes": whole["totals"]["tensor_bytes"]}
-    assert [p["file"] for p in report["split"]["parts"]] == [p.name for p in parts]
+    assert_inspect_reports_the_whole_model(parts, single)
 
     ggufsmith.quantize_gguf(single, tmp_path / "from-single.gguf", "Q4_K_M")
     proc = run_cli("quantize", parts[0], tmp_path / "from-parts.gguf", "Q4_K_M", "-q")

@@ -153,13 +153,7 @@ def test_files_split_by_gguf_py_are_read_inspected_and_requantized(single, tmp_p
     (tmp_path / "theirs").mkdir()
     parts = gguf_py_split(single, tmp_path / "theirs" / "m.gguf", split_max_tensors=6)
     # inspect, given the first part, reports the whole model: the single file's totals
-    proc = run_cli("inspect", parts[0], "--json")
-    assert proc.returncode == 0, proc.stderr
-    report, whole = json.loads(proc.stdout), json.loads(run_cli("inspect", single, "--json").stdout)
-    assert report["split"]["count"] == len(parts) and report["split"]["warnings"] == []
-    assert report["split"]["totals"] == {"tensors": len(whole["tensors"]), "parameters": whole["totals"]["parameters"],
-                                         "tensor_bytes": whole["totals"]["tensor_bytes"]}
-    assert [p["file"] for p in report["split"]["parts"]] == [p.name for p in parts]
+    assert_inspect_reports_the_whole_model(parts, single)
     ggufsmith.quantize_gguf(single, tmp_path / "from-single.gguf", "Q8_0")
     proc = run_cli("quantize", parts[0], tmp_path / "from-parts.gguf", "Q8_0", "-q")
     assert proc.returncode == 0, proc.stderr
@@ -212,3 +206,14 @@ def test_split_dry_run_names_the_parts_and_writes_nothing(single, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "would write 4 parts" in proc.stderr and "m-00004-of-00004.gguf (9 tensors" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def assert_inspect_reports_the_whole_model(parts: list[Path], single: Path) -> None:
+    """`ggufsmith inspect --json` of a split's first part reports every part and the single file's totals."""
+    proc = run_cli("inspect", parts[0], "--json")
+    assert proc.returncode == 0, proc.stderr
+    report, whole = json.loads(proc.stdout), json.loads(run_cli("inspect", single, "--json").stdout)
+    assert report["split"]["count"] == len(parts) and report["split"]["warnings"] == []
+    assert report["split"]["totals"] == {"tensors": len(whole["tensors"]), "parameters": whole["totals"]["parameters"],
+                                         "tensor_bytes": whole["totals"]["tensor_bytes"]}
+    assert [p["file"] for p in report["split"]["parts"]] == [p.name for p in parts]
