@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ggufsmith.constants import GGMLType
 from ggufsmith.errors import QuantizationError
-from ggufsmith.quantize import quantize
+from ggufsmith.quantize import quantize, search_affine
 from tests.ggml_oracle import ggml_quantize
 from tests.quant_checks import (
     assert_same_bytes,
@@ -118,6 +118,23 @@ def test_quantize_splits_big_tensors_into_chunks_invisibly():
     rows = np.random.default_rng(5).standard_normal((300, 4096), dtype=np.float32)  # > 1M elements
     for ggml_type in (GGMLType.Q4_K, GGMLType.Q5_1):
         assert_same_bytes(quantize(rows, ggml_type), ggml_quantize(rows, int(ggml_type)), ggml_type, "chunked tensor")
+
+
+@pytest.mark.parametrize("ggml_type", K_QUANTS, ids=lambda t: t.name)
+def test_a_row_longer_than_a_search_batch_matches_ggml(ggml_type):
+    """A registry chunk never splits a row, so one very long row is searched in several batches
+    (and a partial last one): the bytes are still ggml's, with and without an importance matrix."""
+    rng = np.random.default_rng(7 + int(ggml_type))
+    row_length = search_affine.SEARCH_BATCH_ELEMENTS + 3 * 256
+    rows = rng.standard_normal((1, row_length), dtype=np.float32)
+    assert_same_bytes(quantize(rows, ggml_type), ggml_quantize(rows, int(ggml_type)), ggml_type, "one long row")
+    importance = rng.lognormal(0.0, 1.0, row_length).astype(np.float32)
+    assert_same_bytes(
+        quantize(rows, ggml_type, importance),
+        ggml_quantize(rows, int(ggml_type), importance),
+        ggml_type,
+        "one long row, imatrix",
+    )
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

@@ -12,8 +12,8 @@ float32 arithmetic step for step, but on all blocks of a chunk at once:
   of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml; where a
   bound proves every value is within that range, np.rint (also round-half-even) does it faster.
 
-All arithmetic stays float32, without fused multiply-add (see numerics.py). The searches run on batches of SEARCH_BATCH_ELEMENTS inputs so their temporaries
-stay in cache; callers hold a few arrays of the registry's chunk size (~1M elements).
+All arithmetic stays float32, without fused multiply-add (see numerics.py). The searches run on batches of at most SEARCH_BATCH_ELEMENTS inputs
+(a whole K-quant chunk); callers hold a few arrays of the registry's chunk size.
 """
 
 from __future__ import annotations
@@ -34,9 +34,13 @@ from ggufsmith.quantize.numerics import (
     sum_from_first,
 )
 
-# Blocks searched together: small enough that the search's arrays stay in the CPU's L2 cache,
-# large enough that numpy's per-call overhead is amortized.
-SEARCH_BATCH_ELEMENTS = 1 << 16
+# Blocks searched together. Each candidate scale is ~16 numpy passes over the batch, each with
+# ~1-2 us of dispatch: larger batches amortize it. A K-quant chunk (1<<18 values, five search
+# buffers of 1 MiB) in one batch was measured 10-17% faster for Q2_K/Q4_K/Q5_K, with and without an
+# imatrix, than batches of 1<<16 sized for L2, on the 2-core AMD EPYC (1 MiB L2 per core, AVX-512;
+# two processes at once, L3 shared): numpy's AVX-512 loops stream from L3 fast enough that the
+# per-call cost mattered more (docs/performance.md, session 11).
+SEARCH_BATCH_ELEMENTS = 1 << 18
 
 
 @float_warnings_off
