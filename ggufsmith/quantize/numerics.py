@@ -114,6 +114,72 @@ def sum_from_first(terms: np.ndarray) -> np.ndarray:
     return np.add.reduce(terms, axis=0)
 
 
+# ---------------------------------------------------------------- sums of products in C order
+#
+# The searches' hottest sums are sums of products, Σ a[i]*b[i] over a group. As a multiply and
+# then a reduce they are two passes over the data; np.einsum("ij,ij->j") does both in one pass and
+# adds the products row after row into the output, as C does. That depends on how numpy was built:
+# its einsum kernels use numpy's SIMD multiply-add, which is a fused multiply-add (one rounding,
+# not ggml's two) on ARM64 and on x86 builds whose baseline has FMA. So einsum is used only where a
+# probe on this numpy finds it computes exactly the two-rounding sums in C's order; elsewhere the
+# same sums take the multiply-and-reduce path.
+
+_EINSUM_MIN_GROUPS = 8  # below this numpy may sum a narrow axis pairwise (see sum_from_first)
+
+
+@functools.cache
+def einsum_sums_are_exact() -> bool:
+    """Whether np.einsum's "ij,ij->j" and "ij,ij,ij->j" equal C's `s = 0; s += a*b` and
+    `s += (a*b)*c` loops bit for bit on this numpy, checked once per process on data where a fused
+    multiply-add, another product order or another summation order would show: products of
+    1 + 2**-12 with itself against -(1 + 2**-11) (which only a fused multiply-add leaves nonzero),
+    and random values over twelve binary orders of magnitude, for the group counts the SIMD loops
+    split into bodies and tails."""
+    rng = np.random.default_rng(20261125)
+    witness = F32(1 + 2.0**-12)
+    for n in (16, 32):
+        for groups in (8, 9, 15, 16, 17, 31, 33, 64, 67, 1031):
+            a, b, c = (
+                (rng.standard_normal((n, groups)) * np.exp2(rng.integers(-6, 6, (n, groups)))).astype(F32)
+                for _ in range(3)
+            )
+            a[0], b[0], c[0] = -(1 + 2.0**-11), 1, 1
+            a[1], b[1], c[1] = witness, witness, 1
+            two = np.zeros(groups, dtype=F32)
+            three = np.zeros(groups, dtype=F32)
+            for i in range(n):
+                two += a[i] * b[i]
+                three += (a[i] * b[i]) * c[i]
+            out = np.full(groups, np.nan, dtype=F32)  # einsum must overwrite, not add to, out
+            if not np.array_equal(np.einsum("ij,ij->j", a, b, out=out).view(np.int32), two.view(np.int32)):
+                return False
+            out[...] = np.nan
+            if not np.array_equal(np.einsum("ij,ij,ij->j", a, b, c, out=out).view(np.int32), three.view(np.int32)):
+                return False
+    return True
+
+
+def sum_of_products(a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch_terms: np.ndarray) -> np.ndarray:
+    """out = Σ_i a[i]*b[i] over axis 0 from +0.0 in C order, for C-contiguous float32 [n, groups]
+    arrays; `scratch_terms` (same shape) is used when einsum cannot be (einsum_sums_are_exact)."""
+    if a.shape[1] >= _EINSUM_MIN_GROUPS and einsum_sums_are_exact():
+        return np.einsum("ij,ij->j", a, b, out=out)
+    out[...] = sum_from_zero(np.multiply(a, b, out=scratch_terms))
+    return out
+
+
+def sum_of_triple_products(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray, scratch_terms: np.ndarray
+) -> np.ndarray:
+    """out = Σ_i (a[i]*b[i])*c[i] over axis 0 from +0.0 in C order (see sum_of_products)."""
+    if a.shape[1] >= _EINSUM_MIN_GROUPS and einsum_sums_are_exact():
+        return np.einsum("ij,ij,ij->j", a, b, c, out=out)
+    terms = np.multiply(a, b, out=scratch_terms)
+    terms *= c
+    out[...] = sum_from_zero(terms)
+    return out
+
+
 # ---------------------------------------------------------------- extremes with C's tie rules
 
 

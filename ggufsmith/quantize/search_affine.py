@@ -32,6 +32,8 @@ from ggufsmith.quantize.numerics import (
     nearest_int_clipped,
     scratch,
     sum_from_first,
+    sum_of_products,
+    sum_of_triple_products,
 )
 
 # Blocks searched together. Each candidate scale is ~16 numpy passes over the batch, each with
@@ -123,13 +125,9 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         diff = np.multiply(levels, scale, out=tmp)
         diff += low
         diff -= x
-        if use_mad:
-            np.abs(diff, out=diff)
-        else:
-            np.multiply(diff, diff, out=diff)
-        diff *= w
-        add_rows(diff, out)
-        return out
+        if use_mad:  # C: best_error += w * diff, diff = |diff| or diff*diff
+            return sum_of_products(np.abs(diff, out=diff), w, out, tmp2)
+        return sum_of_triple_products(diff, diff, w, out, tmp2)
 
     # The kept fit of each block: the candidate's iscale and min its levels were rounded with,
     # its error, scale and min. A candidate's values are written into the rows of `trial` and
@@ -165,10 +163,10 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
     for stretch in stretches:
         trial_iscale = np.divide(stretch, span, out=trial[ISCALE])
         levels = levels_into(buf, trial_iscale, low, span)
-        weighted = np.multiply(w, levels, out=tmp)
+        weighted = np.multiply(w, levels, out=tmp)  # C: sum_l += w*l; sum_l2 += w*l*l; sum_xl += w*l*x
         add_rows(weighted, sum_l)
-        add_rows(np.multiply(weighted, levels, out=tmp2), sum_l2)
-        add_rows(np.multiply(weighted, x, out=tmp2), sum_xl)
+        sum_of_products(weighted, levels, sum_l2, tmp2)
+        sum_of_products(weighted, x, sum_xl, tmp2)
         seconds[2] = sum_l2
         lasts[2] = sum_xl
         np.multiply(firsts, seconds, out=solve)

@@ -23,6 +23,8 @@ from ggufsmith.quantize.numerics import (
     scratch,
     signed_max_abs,
     sum_from_zero,
+    sum_of_products,
+    sum_of_triple_products,
 )
 
 # Groups per tile in make_qx_quants: 16 x 16384 float32 = 1 MiB per buffer, five buffers; a whole
@@ -82,10 +84,11 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         terms = aligned_empty(x.shape)
 
         def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            """C's sumlx += w*x*l and suml2 += w*l*l, i.e. (w*x)*l and (w*l)*l, from 0."""
             _clamped_levels(iscale, x, nmax, finite, out=levels)
-            sum_lx = sum_from_zero(np.multiply(weighted_x, levels, out=terms))
-            np.multiply(weights, levels, out=terms)
-            sum_l2 = sum_from_zero(np.multiply(terms, levels, out=terms))
+            sum_lx, sum_l2 = np.empty((2, x.shape[1]), dtype=np.float32)
+            sum_of_products(weighted_x, levels, sum_lx, terms)
+            sum_of_triple_products(weights, levels, levels, sum_l2, terms)
             return sum_lx, sum_l2
 
         best_iscale = np.float32(-nmax) / signed_max
