@@ -28,65 +28,32 @@ from __future__ import annotations
 
 import logging
 
-from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
+from ggufsmith.arch.base import Architecture, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
-from ggufsmith.arch.tensors import Dim, T
-from ggufsmith.constants import GGUFValueType, Keys, PoolingType, arch_key
+from ggufsmith.arch.encoder import (
+    GELU, bert_attention, bert_embeddings, bert_mlp, classifier_head, encoder_keys, layer_norm, output_labels,
+    output_labels_key, with_prefixes,
+)
+from ggufsmith.arch.tensors import Dim
+from ggufsmith.constants import PoolingType
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
-from ggufsmith.readers.sentence_transformers import SentenceTransformersFolder
 
 log = logging.getLogger(__name__)
 
-# Activations computed the way llama.cpp's GELU computes them (the erf form and its tanh
-# approximation differ by less than the float16 table llama.cpp evaluates GELU through).
-GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python")
-
-
-def layer_norm(hf: str, gguf: str) -> dict[str, T]:
-    """A LayerNorm under both names checkpoints use: weight/bias, and TF-era gamma/beta."""
-    weight, bias = T(f"{gguf}.weight", "n_embd"), T(f"{gguf}.bias", "n_embd")
-    return {f"{hf}.weight": weight, f"{hf}.bias": bias, f"{hf}.gamma": weight, f"{hf}.beta": bias}
-
-
-def linear(hf: str, gguf: str, rows: str, columns: str) -> dict[str, T]:
-    """A dense layer; llama.cpp loads every bert-family bias as optional."""
-    return {f"{hf}.weight": T(f"{gguf}.weight", rows, columns), f"{hf}.bias": T(f"{gguf}.bias", rows, optional=True)}
-
-
 _LAYER = "encoder.layer.{bid}."
-BLOCK = "blk.{bid}."
 _NAMES = {
-    "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-    "embeddings.position_embeddings.weight": T("position_embd.weight", "n_ctx", "n_embd"),
-    "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
-    **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
-    **linear(_LAYER + "attention.self.query", BLOCK + "attn_q", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.self.key", BLOCK + "attn_k", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.self.value", BLOCK + "attn_v", "n_embd", "n_embd"),
-    **linear(_LAYER + "attention.output.dense", BLOCK + "attn_output", "n_embd", "n_embd"),
-    **layer_norm(_LAYER + "attention.output.LayerNorm", BLOCK + "attn_output_norm"),
-    **linear(_LAYER + "intermediate.dense", BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **linear(_LAYER + "output.dense", BLOCK + "ffn_down", "n_embd", "n_ff"),
-    **layer_norm(_LAYER + "output.LayerNorm", BLOCK + "layer_output_norm"),
+    **bert_embeddings("embeddings.LayerNorm", positions=True),
+    **bert_attention(_LAYER, ("attention.self.query", "attention.self.key", "attention.self.value"),
+                     "attention.output.dense", "attention.output.LayerNorm"),
+    **bert_mlp(_LAYER, "intermediate.dense", "output.dense"),
+    **layer_norm(_LAYER + "output.LayerNorm", "blk.{bid}.layer_output_norm"),
 }
-
-
-# The classification heads, only in *ForSequenceClassification models (n_cls_out: their label count).
-_HEAD = "n_cls_out > 0"
-_OUTPUT = {"weight": T("cls.output.weight", "n_cls_out", "n_embd", when=_HEAD),
-           "bias": T("cls.output.bias", "n_cls_out", when=_HEAD)}
-_BERT_HEAD = {  # BERT's pooler (dense + tanh over the CLS token), then `classifier`
-    "bert.pooler.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
-    "bert.pooler.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
-    "classifier.weight": _OUTPUT["weight"], "classifier.bias": _OUTPUT["bias"],
-}
-_ROBERTA_HEAD = {  # RoBERTa's classifier.dense + tanh, then classifier.out_proj
-    "classifier.dense.weight": T("cls.weight", "n_embd", "n_embd", when=_HEAD),
-    "classifier.dense.bias": T("cls.bias", "n_embd", when=_HEAD),
-    "classifier.out_proj.weight": _OUTPUT["weight"], "classifier.out_proj.bias": _OUTPUT["bias"],
-}
+# The classification heads, only in *ForSequenceClassification models. BERT's: its pooler (dense +
+# tanh over the CLS token), then `classifier`; RoBERTa's: classifier.dense + tanh, then classifier.out_proj.
+_BERT_HEAD = classifier_head("bert.pooler.dense", "classifier")
+_ROBERTA_HEAD = classifier_head("classifier.dense", "classifier.out_proj")
 _CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassification",
                 "XLMRobertaForSequenceClassification")
 
@@ -94,17 +61,11 @@ _CLASSIFIERS = ("BertForSequenceClassification", "RobertaForSequenceClassificati
 # of its MaskedLM and classifier models).
 _DISTIL_LAYER = "transformer.layer.{bid}."
 _DISTILBERT_NAMES = {
-    "embeddings.word_embeddings.weight": _NAMES["embeddings.word_embeddings.weight"],
-    "embeddings.position_embeddings.weight": _NAMES["embeddings.position_embeddings.weight"],
-    **layer_norm("embeddings.LayerNorm", "token_embd_norm"),
-    **linear(_DISTIL_LAYER + "attention.q_lin", BLOCK + "attn_q", "n_embd", "n_embd"),
-    **linear(_DISTIL_LAYER + "attention.k_lin", BLOCK + "attn_k", "n_embd", "n_embd"),
-    **linear(_DISTIL_LAYER + "attention.v_lin", BLOCK + "attn_v", "n_embd", "n_embd"),
-    **linear(_DISTIL_LAYER + "attention.out_lin", BLOCK + "attn_output", "n_embd", "n_embd"),
-    **layer_norm(_DISTIL_LAYER + "sa_layer_norm", BLOCK + "attn_output_norm"),
-    **linear(_DISTIL_LAYER + "ffn.lin1", BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **linear(_DISTIL_LAYER + "ffn.lin2", BLOCK + "ffn_down", "n_embd", "n_ff"),
-    **layer_norm(_DISTIL_LAYER + "output_layer_norm", BLOCK + "layer_output_norm"),
+    **bert_embeddings("embeddings.LayerNorm", positions=True, token_types=False),
+    **bert_attention(_DISTIL_LAYER, ("attention.q_lin", "attention.k_lin", "attention.v_lin"), "attention.out_lin",
+                     "sa_layer_norm"),
+    **bert_mlp(_DISTIL_LAYER, "ffn.lin1", "ffn.lin2"),
+    **layer_norm(_DISTIL_LAYER + "output_layer_norm", "blk.{bid}.layer_output_norm"),
 }
 _DISTILBERT_CLASSES = ("DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification")
 # config.json's names of what llama.cpp reads: BERT's (RoBERTa's, CamemBERT's), and DistilBERT's own
@@ -114,45 +75,11 @@ _BERT_CONFIG = {"layers": "num_hidden_layers", "embd": "hidden_size", "heads": "
 _DISTILBERT_CONFIG = {"layers": "n_layers", "embd": "dim", "heads": "n_heads", "ff": "hidden_dim", "act": "activation"}
 
 
-def output_labels(config: HFConfig) -> list[str]:
-    """A classifier's labels in id order, from config.json's id2label (transformers' default when
-    absent: LABEL_0, LABEL_1)."""
-    id2label = config.get_dict("id2label", default={"0": "LABEL_0", "1": "LABEL_1"})
-    ids = sorted(id2label, key=lambda k: int(k) if str(k).isdigit() else -1)
-    if [str(k) for k in ids] != [str(i) for i in range(len(ids))] or not ids or not all(
-            isinstance(v, str) for v in id2label.values()):
-        raise ConversionError(f"{config.path}: id2label must map each id from 0 to its label name (found keys "
-                              f"{list(id2label)[:5]}); it names the classifier's output rows")
-    return [id2label[k] for k in ids]
-
-
 def is_jina_v3(config: HFConfig) -> bool:
     """jina-embeddings-v3 as jina publishes it for its own code: an XLMRobertaModel config with
     rotary positions and task adapters, which the jina-bert-v3 plugin converts."""
     return "XLMRobertaModel" in config.architectures and (
         "lora_adaptations" in config or config.get("position_embedding_type", default=None) == "rotary")
-
-
-def encoder_keys(arch: str, folder: SentenceTransformersFolder | None, *, blocks: int,
-                 context: int, embd: int, ff: int, heads: int, eps: float, token_types: int,
-                 pooling: PoolingType | None = None) -> Metadata:
-    """The keys llama.cpp's bert-family encoders read (nomic-bert's too): sizes, the layer-norm
-    epsilon, bidirectional attention, the pooling (`pooling`, else the sentence-transformers
-    folder's), the token-type count."""
-    metadata = Metadata()
-    keys = ArchKeys(metadata, arch)
-    keys.u32(Keys.LLM.BLOCK_COUNT, blocks)
-    keys.u32(Keys.LLM.CONTEXT_LENGTH, context)
-    keys.u32(Keys.LLM.EMBEDDING_LENGTH, embd)
-    keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, ff)
-    keys.u32(Keys.Attention.HEAD_COUNT, heads)
-    keys.f32(Keys.Attention.LAYERNORM_EPS, eps)
-    keys.bool(Keys.Attention.CAUSAL, False)
-    pooling = pooling or (folder.pooling if folder else None)
-    keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
-    # A model key under the tokenizer's name: llama.cpp refuses a bert-family file without it.
-    metadata.add_uint32(Keys.Tokenizer.TOKEN_TYPE_COUNT, token_types)
-    return metadata
 
 
 class Bert(Architecture):
@@ -163,7 +90,7 @@ class Bert(Architecture):
     tokenizer_kind = "bert"  # WordPiece: tokenizer.json or vocab.txt (RoBERTa: see __init__)
     # BertForMaskedLM prefixes the encoder with "bert." (RoBERTa's heads with "roberta."); BertModel
     # and sentence-transformers folders do not.
-    encoder_names = {f"{prefix}{hf}": entry for prefix in ("bert.", "roberta.", "") for hf, entry in _NAMES.items()}
+    encoder_names = with_prefixes(_NAMES, "bert.", "roberta.", "")
     tensor_names = {**encoder_names, **_BERT_HEAD, **_ROBERTA_HEAD}  # a classifier has its family's head only
     ignored_tensors = (
         r"((bert|roberta)\.)?embeddings\.position_ids",  # a buffer (0, 1, 2, ...), not a weight
@@ -207,8 +134,7 @@ class Bert(Architecture):
                                       "RoBERTa numbers positions from pad_token_id + 1, and max_position_embeddings "
                                       f"is {c.get_int('max_position_embeddings')}")
         if self.distilbert:  # DistilBertForMaskedLM's head is vocab_transform, vocab_layer_norm, vocab_projector
-            self.tensor_names = {f"{prefix}{hf}": entry for prefix in ("distilbert.", "") for hf, entry in
-                                 _DISTILBERT_NAMES.items()}
+            self.tensor_names = with_prefixes(_DISTILBERT_NAMES, "distilbert.", "")
             self.ignored_tensors = (r"(distilbert\.)?embeddings\.position_ids", r"vocab_(transform|layer_norm|projector)\..*")
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
         self.labels = output_labels(c) if any(name in _CLASSIFIERS for name in c.architectures) else []
@@ -238,9 +164,7 @@ class Bert(Architecture):
                                 heads=c.get_int(names["heads"], min=1),
                                 eps=1e-12 if self.distilbert else c.get_float("layer_norm_eps", min=0),
                                 token_types=self.dims()["n_token_types"].value)
-        if self.labels:
-            metadata.add_array(arch_key(Keys.LLM.CLASSIFIER_OUTPUT_LABELS, self.name), self.labels,
-                               GGUFValueType.STRING)
+        output_labels_key(metadata, self.name, self.labels)
         return metadata
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

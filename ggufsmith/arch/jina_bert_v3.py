@@ -17,23 +17,18 @@ converter does (readers/jina_task_adapters.py, converters/task_adapters.py), for
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys, HFConfig
-from ggufsmith.arch.bert import BLOCK, Bert, is_jina_v3, layer_norm, linear
+from ggufsmith.arch.bert import Bert, is_jina_v3
+from ggufsmith.arch.encoder import BLOCK, bert_attention, bert_embeddings, bert_mlp, layer_norm, with_prefixes
 from ggufsmith.arch.rope import Rope
-from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
 
 _LAYER = "encoder.layers.{bid}."
 _NAMES = {
-    "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-    "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
-    **layer_norm("emb_ln", "token_embd_norm"),
-    **linear(_LAYER + "mixer.Wqkv", BLOCK + "attn_qkv", "n_embd + 2 * n_head_kv * head_dim", "n_embd"),
-    **linear(_LAYER + "mixer.out_proj", BLOCK + "attn_output", "n_embd", "n_embd"),
-    **layer_norm(_LAYER + "norm1", BLOCK + "attn_output_norm"),
-    **linear(_LAYER + "mlp.fc1", BLOCK + "ffn_up", "n_ff", "n_embd"),
-    **linear(_LAYER + "mlp.fc2", BLOCK + "ffn_down", "n_embd", "n_ff"),
+    **bert_embeddings("emb_ln"),
+    **bert_attention(_LAYER, "mixer.Wqkv", "mixer.out_proj", "norm1", qkv_rows="n_embd + 2 * n_head_kv * head_dim"),
+    **bert_mlp(_LAYER, "mlp.fc1", "mlp.fc2"),
     **layer_norm(_LAYER + "norm2", BLOCK + "layer_output_norm"),
 }
 _PARAMETRIZED = ".parametrizations.weight.original"  # jina's published name of a weight with adapters
@@ -44,9 +39,9 @@ class JinaBertV3(Bert):
     # XLMRobertaLoRA: jina's own class, in the config of a copy saved from its remote code
     hf_classes = ("JinaEmbeddingsV3Model", "XLMRobertaLoRA")
     model_types = ("jina_embeddings_v3",)
-    tensor_names = {f"{prefix}{hf}": entry for prefix in ("roberta.", "") for hf, entry in _NAMES.items()} | {
-        f"{prefix}{hf[:-len('.weight')]}{_PARAMETRIZED}": entry
-        for prefix in ("roberta.", "") for hf, entry in _NAMES.items() if hf.endswith(".weight")}
+    tensor_names = with_prefixes(_NAMES, "roberta.", "") | with_prefixes(
+        {hf[:-len(".weight")] + _PARAMETRIZED: entry for hf, entry in _NAMES.items() if hf.endswith(".weight")},
+        "roberta.", "")
     ignored_tensors = (
         r"(roberta\.)?pooler\.dense\..*",  # the pooler (and its adapters): not part of the embeddings
         r".*\.parametrizations\.weight\.0\.lora_[AB]",  # the task adapters: files of their own

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.bert import GELU, encoder_keys, layer_norm, linear
 from ggufsmith.arch.common import reject, sentence_transformers_folder
+from ggufsmith.arch.encoder import GELU, bert_attention, bert_embeddings, bert_mlp, encoder_keys, layer_norm
 from ggufsmith.arch.hybrid import only_where
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Dim, T
@@ -35,18 +35,12 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 
 log = logging.getLogger(__name__)
 
-_EMBEDDINGS = {
-    "embeddings.word_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-    "embeddings.token_type_embeddings.weight": T("token_types.weight", "n_token_types", "n_embd", optional=True),
-}
 _B, _L = "blk.{bid}.", "encoder.layers.{bid}."
 _MOE_LAYER = "bid % moe_every == 1"  # llama.cpp's and nomic's rule (moe_every 0: no MoE layer)
 # nomic's own naming. Attention biases (v2-moe has them) are optional in llama.cpp's graph.
 _NOMIC = {
-    **_EMBEDDINGS, **layer_norm("emb_ln", "token_embd_norm"),
-    **linear(_L + "attn.Wqkv", _B + "attn_qkv", "3 * n_embd", "n_embd"),
-    **linear(_L + "attn.out_proj", _B + "attn_output", "n_embd", "n_embd"),
-    **layer_norm(_L + "norm1", _B + "attn_output_norm"),
+    **bert_embeddings("emb_ln"),
+    **bert_attention(_L, "attn.Wqkv", "attn.out_proj", "norm1"),
     **layer_norm(_L + "norm2", _B + "layer_output_norm"),
 }
 _SWIGLU = {  # llama.cpp's nomic-bert graph applies no MLP bias: a checkpoint with one is refused (config)
@@ -55,8 +49,7 @@ _SWIGLU = {  # llama.cpp's nomic-bert graph applies no MLP bias: a checkpoint wi
     _L + "mlp.fc2.weight": T(_B + "ffn_down.weight", "n_embd", "n_ff"),
 }
 _MOE = {
-    **only_where({**linear(_L + "mlp.fc1", _B + "ffn_up", "n_ff", "n_embd"),
-                  **linear(_L + "mlp.fc2", _B + "ffn_down", "n_embd", "n_ff")}, f"not ({_MOE_LAYER})"),
+    **only_where(bert_mlp(_L, "mlp.fc1", "mlp.fc2"), f"not ({_MOE_LAYER})"),
     **only_where({
         _L + "mlp.router.layer.weight": T(_B + "ffn_gate_inp.weight", "n_expert", "n_embd"),
         # megablocks' layout: every expert's rows stacked, (n_expert * n_ff, n_embd), for both matrices
