@@ -14,6 +14,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, attention, in_block, mlp, norms
+from ggufsmith.arch.encoder import pooling_key
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 
@@ -47,5 +48,4 @@ class EuroBert(Decoder):
 
     def family_keys(self, keys: ArchKeys) -> None:
         keys.bool(Keys.Attention.CAUSAL, False)
-        pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-        keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
+        pooling_key(keys, self.sentence_transformers)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import ArchKeys, HFConfig
 from ggufsmith.arch.common import sentence_transformers_folder
 from ggufsmith.arch.decoder import attention, embeddings, in_block, mlp, norms
+from ggufsmith.arch.encoder import pooling_key
 from ggufsmith.arch.gemma import SANDWICH_NORMS, SLIDING, Gemma3
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
@@ -57,8 +58,7 @@ class GemmaEmbedding(Gemma3):
         super().family_keys(keys)
         if SLIDING not in self.swa_layer_types():
             keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))  # llama.cpp needs it
-        pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-        keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
+        pooling_key(keys, self.sentence_transformers)
         for (feat_in, feat_out), d in zip(((Keys.LLM.DENSE_2_FEAT_IN, Keys.LLM.DENSE_2_FEAT_OUT),
                                            (Keys.LLM.DENSE_3_FEAT_IN, Keys.LLM.DENSE_3_FEAT_OUT)), self.dense):
             keys.u32(feat_in, d.in_features)

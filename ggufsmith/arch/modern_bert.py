@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import layer_types, reject, sentence_transformers_folder
+from ggufsmith.arch.encoder import GELU, encoder_keys, with_prefixes
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -19,7 +20,7 @@ from ggufsmith.gguf_writer.metadata import Metadata
 
 # The activations llama.cpp's modern-bert runs as a GLU (its hidden_activation key: GeGLU for GELU
 # names, which it does not know and falls back on, and for "gelu"; SwiGLU for "silu").
-_GLU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_python", "silu", "swish")
+_GLU_ACTIVATIONS = (*GELU, "silu", "swish")
 _LAYER, _BLOCK = "layers.{bid}.", "blk.{bid}."
 _NAMES = {
     "embeddings.tok_embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
@@ -40,7 +41,7 @@ class ModernBert(Architecture):
     model_types = ("modernbert",)
     tokenizer_kind = "gpt2"  # a byte-level BPE with a [CLS] $A [SEP] post-processor
     # ModernBertForMaskedLM keeps the encoder under "model."
-    tensor_names = {prefix + hf: spec for prefix in ("", "model.") for hf, spec in _NAMES.items()}
+    tensor_names = with_prefixes(_NAMES, "", "model.")
     ignored_tensors = (r"head\.(dense|norm)\.(weight|bias)", r"decoder\.(weight|bias)")  # the MLM head
     # ModernBertConfig's defaults, for config.json files that leave them out.
     config_defaults = {"hidden_activation": "gelu", "norm_eps": 1e-5, "local_attention": 128,
@@ -68,17 +69,12 @@ class ModernBert(Architecture):
 
     def metadata(self) -> Metadata:
         c = self.config
-        metadata = Metadata()
+        metadata = encoder_keys(self.name, self.sentence_transformers, blocks=c.get_int("num_hidden_layers", min=1),
+                                context=c.get_int("max_position_embeddings", min=1),
+                                embd=c.get_int("hidden_size", min=1), ff=c.get_int("intermediate_size", min=1),
+                                heads=c.get_int("num_attention_heads", min=1), eps=c.get_float("norm_eps", min=0),
+                                token_types=None)
         keys = ArchKeys(metadata, self.name)
-        keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1))
-        keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
-        keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
-        keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
-        keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("norm_eps", min=0))
-        keys.bool(Keys.Attention.CAUSAL, False)
-        pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-        keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
         keys.string(Keys.Rope.SCALING_TYPE, "none")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig, MappedTensor
 from ggufsmith.arch.common import reject, sentence_transformers_folder
+from ggufsmith.arch.encoder import pooling_key
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -127,8 +128,7 @@ class T5(Architecture):
             # llama.cpp's default is causal: without this key its t5encoder embeddings mask every later
             # token (measured: 3 standard deviations off transformers' on the test model).
             keys.bool(Keys.Attention.CAUSAL, False)
-            pooling = self.sentence_transformers.pooling if self.sentence_transformers else None
-            keys.u32(Keys.LLM.POOLING_TYPE, None if pooling is None else int(pooling))
+            pooling_key(keys, self.sentence_transformers)
         return metadata
 
     def _scaled_tied_head(self) -> bool:
