@@ -11,7 +11,7 @@ names and no rope on the others (written as the per-layer sliding_window_pattern
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import periodic_layer_types, reject, sliding_flags
 from ggufsmith.arch.decoder import Decoder, attention, in_block, mlp, norms
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
@@ -60,8 +60,7 @@ class Cohere2(CommandR):
     def family_keys(self, keys: ArchKeys) -> None:
         super().family_keys(keys)
         c = self.config
-        n_layer = c.get_int("num_hidden_layers", min=1)
-        default = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n_layer)]
-        self.sliding_window_keys(keys, [t == "sliding_attention" for t in self.layer_types(default)])
+        default = periodic_layer_types(c.get_int("num_hidden_layers", min=1), 4)
+        self.sliding_window_keys(keys, sliding_flags(self.layer_types(default)))
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.Rope.DIMENSION_COUNT, int(self.rope.partial_rotary_factor("rotary_pct") * self.head_dim))

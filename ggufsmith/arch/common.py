@@ -58,14 +58,29 @@ def reject(config: HFConfig, condition: bool, what: str) -> None:
         raise ConversionError(f"{config.path}: {what}, which llama.cpp cannot run for this architecture")
 
 
+SLIDING, FULL = "sliding_attention", "full_attention"  # config.json's layer_types
+
+
 def layer_types(config: HFConfig, default: list[str]) -> list[str]:
-    """config.json layer_types ("sliding_attention" / "full_attention" per layer; `default` when
-    absent), checked against num_hidden_layers."""
+    """config.json layer_types (SLIDING / FULL per layer; `default` when absent), checked against
+    num_hidden_layers."""
     types = config.get_list("layer_types", default=default)
     n_layer = config.get_int("num_hidden_layers", min=1)
-    if len(types) != n_layer or not all(t in ("sliding_attention", "full_attention") for t in types):
-        raise config.error("layer_types", types, f"{n_layer} of 'sliding_attention' / 'full_attention'")
+    if len(types) != n_layer or not all(t in (SLIDING, FULL) for t in types):
+        raise config.error("layer_types", types, f"{n_layer} of '{SLIDING}' / '{FULL}'")
     return types
+
+
+def periodic_layer_types(n_layer: int, period: int, *, full_first: bool = False) -> list[str]:
+    """Sliding-window layers with one full-attention layer in every `period`: the last of each period
+    (Gemma 2-4, Cohere2, EXAONE 4, gpt-oss), or the first (`full_first`: ModernBERT)."""
+    full_at = 0 if full_first else period - 1
+    return [FULL if i % period == full_at else SLIDING for i in range(n_layer)]
+
+
+def sliding_flags(types: list[str]) -> list[bool]:
+    """Per layer, whether it is a sliding-window layer: llama.cpp's sliding_window_pattern array."""
+    return [t == SLIDING for t in types]
 
 
 def weights_and_biases(table: dict[str, T | str], hf_prefix: str = "", gguf_prefix: str = "",

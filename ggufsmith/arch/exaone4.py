@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ggufsmith.arch.base import ArchKeys, MappedTensor
-from ggufsmith.arch.common import reject, without_mtp
+from ggufsmith.arch.common import FULL, SLIDING, periodic_layer_types, reject, sliding_flags, without_mtp
 from ggufsmith.arch.decoder import Decoder, attention, embeddings, in_block, mlp, norms
 from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
@@ -51,7 +51,7 @@ class Exaone4(Decoder):
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         if "sliding_window" in c:
             layer_types = self.layer_types(None if "layer_types" in c else self._pattern_layer_types())
-            self.sliding_window_keys(keys, [t == "sliding_attention" for t in layer_types])
+            self.sliding_window_keys(keys, sliding_flags(layer_types))
 
     def _pattern_layer_types(self) -> list[str]:
         """Older configs: sliding_window_pattern, every Nth layer global (4) or letters ("LLLG")."""
@@ -61,9 +61,8 @@ class Exaone4(Decoder):
             letters = c.get_str("sliding_window_pattern")
             if not letters or set(letters) - {"L", "G"}:
                 raise c.error("sliding_window_pattern", letters, "letters L (local) and G (global)")
-            return ["sliding_attention" if letters[i % len(letters)] == "L" else "full_attention" for i in range(n_layer)]
-        every = c.get_int("sliding_window_pattern", default=4, min=1)
-        return ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n_layer)]
+            return [SLIDING if letters[i % len(letters)] == "L" else FULL for i in range(n_layer)]
+        return periodic_layer_types(n_layer, c.get_int("sliding_window_pattern", default=4, min=1))
 
     def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
         return super().map_tensors(without_mtp(source, self.config.path, (MTP_PREFIX,)))

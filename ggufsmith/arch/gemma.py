@@ -19,13 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.arch.base import ArchKeys, HFConfig, LanguageModelOf
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import SLIDING, periodic_layer_types, reject, sliding_flags
 from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, attention, embeddings, in_block, mlp, norms
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-SLIDING, FULL = "sliding_attention", "full_attention"
 GELU_TANH = "gelu_pytorch_tanh"
 
 # Gemma 2/3 block norms: one before and one after both attention and the MLP.
@@ -103,13 +102,12 @@ class _GemmaBase(Decoder):
     def swa_layer_types(self) -> list[str]:
         """layer_types, else the period of the legacy sliding_window_pattern (transformers' default)."""
         period = self.config.get_int("sliding_window_pattern", default=self.swa_pattern, min=1)
-        return self.layer_types([SLIDING if (i + 1) % period else FULL for i in range(self.n_layer)])
+        return self.layer_types(periodic_layer_types(self.n_layer, period))
 
     def pattern_unless_default(self, types: list[str]) -> list[bool] | None:
         """The per-layer sliding flags when they differ from llama.cpp's default for the arch."""
-        pattern = [t == SLIDING for t in types]
-        default = [i % self.swa_pattern < self.swa_pattern - 1 for i in range(self.n_layer)]
-        return None if pattern == default else pattern
+        pattern = sliding_flags(types)
+        return None if pattern == sliding_flags(periodic_layer_types(self.n_layer, self.swa_pattern)) else pattern
 
     def final_softcap(self, keys: ArchKeys, required: bool) -> None:
         c = self.config

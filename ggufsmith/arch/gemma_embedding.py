@@ -14,10 +14,10 @@ an activation, sizes that do not lead from the model's width back to it).
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys, HFConfig
-from ggufsmith.arch.common import sentence_transformers_folder
+from ggufsmith.arch.common import SLIDING, sentence_transformers_folder
 from ggufsmith.arch.decoder import attention, embeddings, in_block, mlp, norms
 from ggufsmith.arch.encoder import pooling_key
-from ggufsmith.arch.gemma import SANDWICH_NORMS, SLIDING, Gemma3
+from ggufsmith.arch.gemma import SANDWICH_NORMS, Gemma3
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.lazy_tensor import LazyTensor

@@ -20,7 +20,7 @@ Experts come fused over all experts with gate and up interleaved (gate rows 0, 2
 from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import periodic_layer_types, reject, sliding_flags
 from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, in_block, norms
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import Keys
@@ -68,12 +68,11 @@ class GptOss(Decoder):
         for name, fixed in (("swiglu_limit", SWIGLU_LIMIT), ("swiglu_alpha", SWIGLU_ALPHA)):
             value = c.get_float(name, default=fixed)
             reject(c, abs(value - fixed) > 1e-6, f"{name} is {value} (llama.cpp's gpt-oss computes with {fixed})")
-        self.sliding = [t == "sliding_attention" for t in self.layer_types(self.default_layer_types())]
+        self.sliding = sliding_flags(self.layer_types(self.default_layer_types()))
 
     def default_layer_types(self) -> list[str]:
         """transformers' and llama.cpp's default: sliding window on the even layers."""
-        n_layer = self.config.get_int("num_hidden_layers", min=1)
-        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)]
+        return periodic_layer_types(self.config.get_int("num_hidden_layers", min=1), 2)
 
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
@@ -81,7 +80,7 @@ class GptOss(Decoder):
         keys.u32(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         # llama.cpp alternates by itself (period 2, sliding first); the pattern is written only for
         # another one, which it then reads instead
-        default = self.sliding == [t == "sliding_attention" for t in self.default_layer_types()]
+        default = self.sliding == sliding_flags(self.default_layer_types())
         self.sliding_window_keys(keys, None if default else self.sliding)
 
     def split_tensor(self, entry: Split, tensor: LazyTensor) -> list[LazyTensor]:

@@ -11,7 +11,9 @@ loads no biases: a config with any is refused.
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
-from ggufsmith.arch.common import layer_types, reject, sentence_transformers_folder
+from ggufsmith.arch.common import (
+    SLIDING, layer_types, periodic_layer_types, reject, sentence_transformers_folder, sliding_flags,
+)
 from ggufsmith.arch.encoder import GELU, encoder_keys, with_prefixes
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
@@ -56,15 +58,14 @@ class ModernBert(Architecture):
         reject(c, activation not in _GLU_ACTIVATIONS, f"hidden_activation is {activation!r} (not GELU or SiLU)")
         self.rope = Rope(c, "global_rope_theta")
         self.rope.require_unscaled()
-        sliding = c.get_dict("rope_parameters", default={}).get("sliding_attention", {})
+        sliding = c.get_dict("rope_parameters", default={}).get(SLIDING, {})
         reject(c, sliding.get("rope_type", "default") != "default", "sliding-attention rope scaling is set")
         if self.rope.swa_theta is None:
             self.rope.swa_theta = c.get_float("local_rope_theta", min=0)
         # transformers' default: global attention in every third block, from the first.
-        n_layer = c.get_int("num_hidden_layers", min=1)
         period = c.get_int("global_attn_every_n_layers", default=3, min=1)
-        default = ["sliding_attention" if i % period else "full_attention" for i in range(n_layer)]
-        self.layer_types = layer_types(c, default)
+        self.layer_types = layer_types(c, periodic_layer_types(c.get_int("num_hidden_layers", min=1), period,
+                                                               full_first=True))
         self.sentence_transformers = sentence_transformers_folder(c, self.name)
 
     def metadata(self) -> Metadata:
@@ -82,7 +83,7 @@ class ModernBert(Architecture):
         keys.string(Keys.LLM.HIDDEN_ACT, c.get_str("hidden_activation"))
         # local_attention is the whole window (half of it each side), llama.cpp's symmetric n_swa.
         keys.u32(Keys.Attention.SLIDING_WINDOW, c.get_int("local_attention", min=2))
-        pattern = [t == "sliding_attention" for t in self.layer_types]
-        if pattern != [i % 3 != 0 for i in range(len(pattern))]:  # llama.cpp's default, period 3
+        pattern = sliding_flags(self.layer_types)
+        if pattern != sliding_flags(periodic_layer_types(len(pattern), 3, full_first=True)):  # llama.cpp's default
             metadata.add_array(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern, GGUFValueType.BOOL)
         return metadata
