@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 
 from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig, LanguageModelOf
-from ggufsmith.arch.common import reject
+from ggufsmith.arch.common import FULL, SLIDING, layer_types, periodic_layer_types, reject, sliding_flags
 from ggufsmith.arch.decoder import embeddings, in_block, norms
-from ggufsmith.arch.gemma import FULL, GELU_TANH, SANDWICH_NORMS, SLIDING
+from ggufsmith.arch.gemma import GELU_TANH, SANDWICH_NORMS
 from ggufsmith.arch.rope import ROPE_FREQS
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -111,12 +111,7 @@ class Gemma4(Architecture):
         self._refuse_what_llamacpp_runs_differently()
 
     def _layer_types(self) -> list[str]:
-        c = self.config
-        types = c.get_list("layer_types", default=None)
-        if types is None:  # transformers' default: every sixth layer full
-            types = [SLIDING if (i + 1) % 6 else FULL for i in range(self.n_layer)]
-        if len(types) != self.n_layer or not set(types) <= {SLIDING, FULL}:
-            raise c.error("layer_types", types, f"{self.n_layer} entries of {SLIDING!r} or {FULL!r}")
+        types = layer_types(self.config, periodic_layer_types(self.n_layer, 6))  # transformers' default: every sixth full
         return [*types[:-1], FULL]  # transformers forces the last layer to full attention
 
     def _per_layer_heads(self) -> tuple[list[int], list[int]]:
@@ -180,26 +175,25 @@ class Gemma4(Architecture):
         def array(template: str, values: list, element: GGUFValueType) -> None:
             metadata.add(arch_key(template, self.name), values, GGUFValueType.ARRAY, element)
 
+        def per_layer(template: str, values: list[int]) -> None:  # one number when every layer has the same
+            if len(set(values)) == 1:
+                keys.u32(template, values[0])
+            else:
+                array(template, values, GGUFValueType.UINT32)
+
         keys.u32(Keys.LLM.CONTEXT_LENGTH, c.get_int("max_position_embeddings", min=1))
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.BLOCK_COUNT, self.n_layer)
-        n_ff = self._n_ff()
-        if len(set(n_ff)) == 1:
-            keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, n_ff[0])
-        else:
-            array(Keys.LLM.FEED_FORWARD_LENGTH, n_ff, GGUFValueType.UINT32)
+        per_layer(Keys.LLM.FEED_FORWARD_LENGTH, self._n_ff())
         keys.u32(Keys.Attention.HEAD_COUNT, self.n_head)
-        if len(set(self.kv_heads)) == 1:
-            keys.u32(Keys.Attention.HEAD_COUNT_KV, self.kv_heads[0])
-        else:
-            array(Keys.Attention.HEAD_COUNT_KV, self.kv_heads, GGUFValueType.UINT32)
+        per_layer(Keys.Attention.HEAD_COUNT_KV, self.kv_heads)
         keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", min=0))
         keys.u32(Keys.Attention.KEY_LENGTH, self.head_dim_full)
         keys.u32(Keys.Attention.VALUE_LENGTH, self.head_dim_full)
         keys.u32(Keys.Attention.KEY_LENGTH_SWA, self.head_dim)
         keys.u32(Keys.Attention.VALUE_LENGTH_SWA, self.head_dim)
         keys.u32(Keys.Attention.SLIDING_WINDOW, c.get_int("sliding_window", min=1))
-        array(Keys.Attention.SLIDING_WINDOW_PATTERN, [t == SLIDING for t in self.layer_types], GGUFValueType.BOOL)
+        array(Keys.Attention.SLIDING_WINDOW_PATTERN, sliding_flags(self.layer_types), GGUFValueType.BOOL)
         keys.u32(Keys.Attention.SHARED_KV_LAYERS, self.n_kv_shared)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH_PER_LAYER_INPUT, self.n_pl)
         keys.f32(Keys.Rope.FREQ_BASE, float(self._rope(FULL).get("rope_theta", 1_000_000.0)))
