@@ -14,7 +14,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import ArchKeys, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.decoder import LLAMA_NORMS, Decoder, attention, in_block, mlp, norms
-from ggufsmith.arch.encoder import pooling_key
+from ggufsmith.arch.encoder import pooling_key, with_prefixes
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 
@@ -32,7 +32,7 @@ class EuroBert(Decoder):
     hf_classes = ("EuroBertModel", "EuroBertForMaskedLM")
     model_types = ("eurobert",)
     tokenizer_kind = None  # a byte-level BPE tokenizer.json (Llama 3's)
-    tensor_names = {f"{prefix}{hf}": entry for prefix in ("model.", "") for hf, entry in _ENCODER.items()}
+    tensor_names = with_prefixes(_ENCODER, "model.", "")
     ignored_tensors = (r"lm_head\.(weight|bias)",)  # EuroBertForMaskedLM's head: not part of the embeddings
     # EuroBertConfig's defaults, for config.json files that leave them out
     config_defaults = {"hidden_act": "silu", "rms_norm_eps": 1e-5, "attention_bias": False, "mlp_bias": False}
