@@ -31,7 +31,7 @@ import logging
 from ggufsmith.arch.base import Architecture, HFConfig
 from ggufsmith.arch.common import reject, sentence_transformers_folder
 from ggufsmith.arch.encoder import (
-    GELU, bert_attention, bert_embeddings, bert_mlp, classifier_head, encoder_keys, layer_norm, output_labels,
+    GELU, bert_attention, bert_embeddings, bert_mlp, classifier_head, encoder_keys, output_labels,
     output_labels_key, with_prefixes,
 )
 from ggufsmith.arch.tensors import Dim
@@ -47,8 +47,7 @@ _NAMES = {
     **bert_embeddings("embeddings.LayerNorm", positions=True),
     **bert_attention(_LAYER, ("attention.self.query", "attention.self.key", "attention.self.value"),
                      "attention.output.dense", "attention.output.LayerNorm"),
-    **bert_mlp(_LAYER, "intermediate.dense", "output.dense"),
-    **layer_norm(_LAYER + "output.LayerNorm", "blk.{bid}.layer_output_norm"),
+    **bert_mlp(_LAYER, "intermediate.dense", "output.dense", "output.LayerNorm"),
 }
 # The classification heads, only in *ForSequenceClassification models. BERT's: its pooler (dense +
 # tanh over the CLS token), then `classifier`; RoBERTa's: classifier.dense + tanh, then classifier.out_proj.
@@ -64,8 +63,7 @@ _DISTILBERT_NAMES = {
     **bert_embeddings("embeddings.LayerNorm", positions=True, token_types=False),
     **bert_attention(_DISTIL_LAYER, ("attention.q_lin", "attention.k_lin", "attention.v_lin"), "attention.out_lin",
                      "sa_layer_norm"),
-    **bert_mlp(_DISTIL_LAYER, "ffn.lin1", "ffn.lin2"),
-    **layer_norm(_DISTIL_LAYER + "output_layer_norm", "blk.{bid}.layer_output_norm"),
+    **bert_mlp(_DISTIL_LAYER, "ffn.lin1", "ffn.lin2", "output_layer_norm"),
 }
 _DISTILBERT_CLASSES = ("DistilBertModel", "DistilBertForMaskedLM", "DistilBertForSequenceClassification")
 # config.json's names of what llama.cpp reads: BERT's (RoBERTa's, CamemBERT's), and DistilBERT's own

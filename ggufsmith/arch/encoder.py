@@ -64,10 +64,12 @@ def bert_attention(layer: str, qkv: str | tuple[str, str, str], output: str, nor
             **layer_norm(layer + norm, BLOCK + "attn_output_norm")}
 
 
-def bert_mlp(layer: str, up: str, down: str) -> dict[str, T]:
-    """A post-norm block's GELU MLP, without the layer norm after it."""
-    return {**linear(layer + up, BLOCK + "ffn_up", "n_ff", "n_embd"),
-            **linear(layer + down, BLOCK + "ffn_down", "n_embd", "n_ff")}
+def bert_mlp(layer: str, up: str, down: str, norm: str | None = None) -> dict[str, T]:
+    """A post-norm block's GELU MLP and `norm`, the layer norm after it (None: named apart, where the
+    MLP is not the same in every block)."""
+    table = {**linear(layer + up, BLOCK + "ffn_up", "n_ff", "n_embd"),
+             **linear(layer + down, BLOCK + "ffn_down", "n_embd", "n_ff")}
+    return {**table, **layer_norm(layer + norm, BLOCK + "layer_output_norm")} if norm else table
 
 
 def pooling_key(keys: ArchKeys, folder: SentenceTransformersFolder | None, pooling: PoolingType | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys, HFConfig
 from ggufsmith.arch.bert import Bert, is_jina_v3
-from ggufsmith.arch.encoder import BLOCK, bert_attention, bert_embeddings, bert_mlp, layer_norm, with_prefixes
+from ggufsmith.arch.encoder import bert_attention, bert_embeddings, bert_mlp, with_prefixes
 from ggufsmith.arch.rope import Rope
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
@@ -28,8 +28,7 @@ _LAYER = "encoder.layers.{bid}."
 _NAMES = {
     **bert_embeddings("emb_ln"),
     **bert_attention(_LAYER, "mixer.Wqkv", "mixer.out_proj", "norm1", qkv_rows="n_embd + 2 * n_head_kv * head_dim"),
-    **bert_mlp(_LAYER, "mlp.fc1", "mlp.fc2"),
-    **layer_norm(_LAYER + "norm2", BLOCK + "layer_output_norm"),
+    **bert_mlp(_LAYER, "mlp.fc1", "mlp.fc2", "norm2"),
 }
 _PARAMETRIZED = ".parametrizations.weight.original"  # jina's published name of a weight with adapters
 
