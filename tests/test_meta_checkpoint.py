@@ -14,6 +14,9 @@ then hold the reader to account:
 Llama 3's layout differs: the embedding is split by rows, vocab_size is given and use_scaled_rope
 asks for Llama 3.1's frequency scaling (a rope_freqs tensor); the legacy converter cannot read it,
 so its check is the Hugging Face copy's (the HF config written as transformers' converter writes it).
+The scaling factor is params.json's rope_scaling_factor, else that of the Hugging Face release of the
+model's shape: 32 for Llama 3.2 1B's (the "llama3.2" layout, whose params.json names none), 8 for
+Llama 3.1's.
 """
 
 from __future__ import annotations
@@ -80,8 +83,29 @@ def test_meta_folder_converts_to_the_tensors_of_its_hugging_face_copy(models, la
     for key, value in hf_keys.items():
         if key.startswith(("llama.", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "general.file_type")):
             assert meta_keys.get(key) == value, key
-    if layout == "llama3.1":
-        assert "rope_freqs.weight" in meta_tensors_  # use_scaled_rope became Llama 3.1's frequency factors
+    if layout in ("llama3.1", "llama3.2"):
+        assert "rope_freqs.weight" in meta_tensors_  # use_scaled_rope became Llama 3's frequency factors
+
+
+def test_rope_scaling_factor_in_params_json_is_the_one_written(models, tmp_path):
+    """A params.json naming its factor gets that factor's rope_freqs, as the Hugging Face config.json
+    with that factor does, whatever the shape rule would pick."""
+    import json
+    import shutil
+
+    hf_dir, meta_dir = models["llama3.1"]
+    hf16, meta16 = tmp_path / "hf16", tmp_path / "meta16"
+    shutil.copytree(hf_dir, hf16)
+    shutil.copytree(meta_dir, meta16)
+    config = json.loads((hf16 / "config.json").read_text())
+    config["rope_parameters"]["factor"] = 16.0
+    (hf16 / "config.json").write_text(json.dumps(config))
+    params = json.loads((meta16 / "params.json").read_text())
+    (meta16 / "params.json").write_text(json.dumps(params | {"rope_scaling_factor": 16}))
+    from_meta = tensors_of(convert(meta16, tmp_path / "meta16.gguf", "f32"))
+    assert from_meta["rope_freqs.weight"] == tensors_of(convert(hf16, tmp_path / "hf16.gguf", "f32"))["rope_freqs.weight"]
+    factor8 = tensors_of(convert(meta_dir, tmp_path / "meta8.gguf", "f32"))
+    assert from_meta["rope_freqs.weight"] != factor8["rope_freqs.weight"]
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
