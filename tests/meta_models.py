@@ -6,6 +6,7 @@ Used by tests/test_meta_checkpoint.py and tests/test_damaged_meta.py."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -122,4 +123,33 @@ def write_meta_folder(folder: Path, hf_dir: Path, params: dict, embedding_axis: 
         torch.save(state, folder / f"consolidated.{rank:02d}.pth")
     (folder / "params.json").write_text(json.dumps(params))
     shutil.copy(hf_dir / "tokenizer.model", folder)
+    return folder
+
+
+def write_header_only_meta_folder(folder: Path, params: dict, intermediate: int) -> Path:
+    """A Meta folder of `params` (one block) whose consolidated.safetensors declares every tensor at
+    its full shape, in BF16, but holds no data (a sparse file): enough to plan the conversion of a
+    release's shape without its gigabytes. `intermediate`: the feed-forward width of the release."""
+    dim, heads, kv_heads, vocab = params["dim"], params["n_heads"], params["n_kv_heads"], params["vocab_size"]
+    kv_rows = dim // heads * kv_heads
+    shapes = {"tok_embeddings.weight": (vocab, dim), "norm.weight": (dim,), "output.weight": (vocab, dim)}
+    for i in range(params["n_layers"]):
+        shapes |= {f"layers.{i}.attention.wq.weight": (dim, dim), f"layers.{i}.attention.wk.weight": (kv_rows, dim),
+                   f"layers.{i}.attention.wv.weight": (kv_rows, dim), f"layers.{i}.attention.wo.weight": (dim, dim),
+                   f"layers.{i}.feed_forward.w1.weight": (intermediate, dim),
+                   f"layers.{i}.feed_forward.w2.weight": (dim, intermediate),
+                   f"layers.{i}.feed_forward.w3.weight": (intermediate, dim),
+                   f"layers.{i}.attention_norm.weight": (dim,), f"layers.{i}.ffn_norm.weight": (dim,)}
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    folder.mkdir(parents=True)
+    with open(folder / "consolidated.safetensors", "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        f.truncate(8 + len(blob) + offset)
+    (folder / "params.json").write_text(json.dumps(params))
     return folder
