@@ -23,7 +23,7 @@ import numpy as np
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import attention, embeddings, in_block, mlp
-from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform
+from ggufsmith.arch.hybrid import SSM_CONV_F32, mamba2_keys, mamba2_mixer, mamba2_transform
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
@@ -55,7 +55,7 @@ class FalconH1(Architecture):
             **mlp(when=None, prefix="feed_forward."),
         }),
     }
-    f32_tensors = MAMBA2_F32
+    f32_tensors = SSM_CONV_F32
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)

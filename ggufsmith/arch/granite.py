@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
-from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import SSM_CONV_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -96,7 +96,7 @@ class GraniteHybrid(GraniteMoe):
     hf_classes = ("GraniteMoeHybridForCausalLM",)
     model_types = ("granitemoehybrid",)
     tensor_names = _hybrid_table(moe=True)
-    f32_tensors = ROUTER + MAMBA2_F32
+    f32_tensors = ROUTER + SSM_CONV_F32
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)

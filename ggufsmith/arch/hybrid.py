@@ -28,7 +28,8 @@ ATTENTION_TYPES = ("full_attention", "attention")
 
 NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
 CONV_CHANNELS = "d_inner + 2 * n_group * d_state"
-MAMBA2_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)  # ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
+# ssm_conv reads the kernel as a plain float array; Mamba-2's ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
+SSM_CONV_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)
 
 
 def recurrent_layers(c: HFConfig, n_layer: int, default: list[str] | None = None) -> list[bool]:
@@ -46,6 +47,12 @@ def only_where(table: dict[str, T | Split], condition: str) -> dict[str, T | Spl
         when = condition if spec.when is None else f"({spec.when}) and ({condition})"
         return T(spec.name, *spec.shape, optional=spec.optional, when=when, blocks=spec.blocks)
     return {hf: Split(*map(limit, s.parts), axis=s.axis) if isinstance(s, Split) else limit(s) for hf, s in table.items()}
+
+
+def depthwise_conv(tensor: LazyTensor) -> LazyTensor:
+    """A depthwise conv1d kernel, torch's (channels, 1, width), as llama.cpp's {width, channels}
+    (numpy (channels, width)): the singleton channel-group axis dropped."""
+    return tensor.reshape(tensor.shape[0], tensor.shape[-1])
 
 
 def negative_exp(tensor: LazyTensor) -> LazyTensor:
@@ -69,15 +76,15 @@ def mamba1_mixer(prefix: str) -> dict[str, T]:
     }
 
 
-MAMBA1_F32 = (r"blk\.\d+\.ssm_conv1d\.weight", r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
+MAMBA1_F32 = SSM_CONV_F32 + (r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
 
 
 def mamba1_transform(name: str, tensor: LazyTensor) -> LazyTensor:
-    """A = -exp(A_log); the depthwise conv's (d_inner, 1, d_conv) as llama.cpp's {d_conv, d_inner}."""
+    """A = -exp(A_log); the depthwise conv kernel as llama.cpp reads it."""
     if name.endswith(".ssm_a"):
         return negative_exp(tensor)
     if name.endswith(".ssm_conv1d.weight"):
-        return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+        return depthwise_conv(tensor)
     return tensor
 
 
@@ -143,7 +150,7 @@ def mamba2_transform(name: str, tensor: LazyTensor, n_group: int) -> LazyTensor:
     if name.endswith(".ssm_d"):
         return tensor.reshape(tensor.shape[0], 1)
     if name.endswith(".ssm_conv1d.weight"):
-        return tensor.reshape(tensor.shape[0], tensor.shape[-1])  # drop the depthwise conv's channel axis
+        return depthwise_conv(tensor)
     if name.endswith(".ssm_norm.weight"):
         return tensor.reshape(n_group, tensor.shape[0] // n_group)
     return tensor

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import DENSE, ROUTER, SPARSE, Decoder, attention, expert_keys, experts, in_block, mlp
-from ggufsmith.arch.hybrid import only_where
+from ggufsmith.arch.hybrid import depthwise_conv, only_where
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import ExpertGatingFunc, Keys
 from ggufsmith.errors import ConversionError
@@ -94,7 +94,7 @@ class Lfm2(Decoder):
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith("shortconv.conv.weight"):
-            return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+            return depthwise_conv(tensor)
         return tensor
 
 

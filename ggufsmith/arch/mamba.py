@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.decoder import in_block
-from ggufsmith.arch.hybrid import (MAMBA1_F32, MAMBA2_F32, mamba1_mixer, mamba1_transform, mamba2_keys, mamba2_mixer,
+from ggufsmith.arch.hybrid import (MAMBA1_F32, SSM_CONV_F32, mamba1_mixer, mamba1_transform, mamba2_keys, mamba2_mixer,
                                    mamba2_transform)
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
@@ -97,7 +97,7 @@ class Mamba2(Architecture):
     tokenizer_kind = None  # SentencePiece (Codestral) or BPE; detected from the files
     tied_output_head = r"lm_head\.weight"
     tensor_names = _backbone(mamba2_mixer("mixer."))
-    f32_tensors = MAMBA2_F32
+    f32_tensors = SSM_CONV_F32
 
     def metadata(self) -> Metadata:
         c = self.config

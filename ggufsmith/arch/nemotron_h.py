@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import ROUTER, attention, in_block
-from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where
+from ggufsmith.arch.hybrid import SSM_CONV_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -99,7 +99,7 @@ class NemotronH(Architecture):
     tied_output_head = r"lm_head\.weight"
     config_defaults = {"tie_word_embeddings": False}  # NemotronHConfig's default
     tensor_names = _table(moe=False)
-    f32_tensors = MAMBA2_F32
+    f32_tensors = SSM_CONV_F32
     dim_names = ("moe_n_embd",)
     moe = False
 
@@ -176,7 +176,7 @@ class NemotronHMoe(NemotronH):
 
     name = "nemotron_h_moe"
     tensor_names = _table(moe=True)
-    f32_tensors = ROUTER + MAMBA2_F32
+    f32_tensors = ROUTER + SSM_CONV_F32
     moe = True
 
     def __init__(self, config: HFConfig) -> None:

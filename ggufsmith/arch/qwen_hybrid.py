@@ -35,7 +35,7 @@ from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
                                     reject_routing, shared_expert, ROUTER)
 from ggufsmith.arch.gemma import offset_norm
-from ggufsmith.arch.hybrid import negative_exp, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import SSM_CONV_F32, depthwise_conv, negative_exp, only_where, recurrent_layers
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
 from ggufsmith.readers.config import HFConfig
@@ -83,7 +83,7 @@ def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
 class _GatedDeltaNetHybrid(Decoder):
     """What Qwen3-Next and Qwen3.5 share: the layer pattern, the delta-net's keys and layouts."""
 
-    f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight", r"blk\.\d+\.ssm_conv1d\.weight")
+    f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight",) + SSM_CONV_F32
     dim_names = ("is_recurrent",)
     # Whether llama.cpp's graph shares key heads among value heads by tiling (qwen35: value head j
     # uses key head j % n_k) rather than by HF's grouping (qwen3next: j // (n_v / n_k)).
@@ -131,8 +131,7 @@ class _GatedDeltaNetHybrid(Decoder):
         if name.endswith(".ssm_a"):
             tensor = negative_exp(tensor)
         elif name.endswith(".ssm_conv1d.weight"):
-            channels, _, d_conv = tensor.shape
-            tensor = tensor.reshape(channels, d_conv)
+            tensor = depthwise_conv(tensor)
         if self.tiles_value_heads and self.n_v != self.n_k:
             return self.value_heads_tiled(name, tensor)
         return tensor
