@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
-from ggufsmith.arch.hybrid import SSM_CONV_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, RECURRENT_LAYER, SSM_CONV_F32, mamba2_keys,
+                                   mamba2_mixer, mamba2_transform, only_where, recurrent_layers)
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -64,10 +65,6 @@ class GraniteMoe(Granite):
         super().family_keys(keys)
         shared = self.config.get_int("shared_intermediate_size", default=0, min=0)
         keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared or None)
-
-
-ATTENTION_LAYER = "n_head_kv > 0"  # llama.cpp: a layer is recurrent iff its head_count_kv is 0
-RECURRENT_LAYER = "n_head_kv == 0"
 
 
 def _dense_shared_mlp() -> dict[str, T | Split]:

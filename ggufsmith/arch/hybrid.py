@@ -26,19 +26,25 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 RECURRENT_TYPES = ("linear_attention", "mamba")
 ATTENTION_TYPES = ("full_attention", "attention")
 
+# Per-layer conditions of the tensor tables: llama.cpp's hybrids take a layer with no key/value heads
+# (a 0 in the per-layer head_count_kv) for a recurrent one.
+ATTENTION_LAYER = "n_head_kv > 0"
+RECURRENT_LAYER = "n_head_kv == 0"
+
 NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
 CONV_CHANNELS = "d_inner + 2 * n_group * d_state"
 # ssm_conv reads the kernel as a plain float array; Mamba-2's ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
 SSM_CONV_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)
 
 
-def recurrent_layers(c: HFConfig, n_layer: int, default: list[str] | None = None) -> list[bool]:
-    """Per layer, whether config.json's layer_types makes it recurrent (else attention)."""
+def recurrent_layers(c: HFConfig, n_layer: int, default: list[str] | None = None,
+                     recurrent: tuple[str, ...] = RECURRENT_TYPES) -> list[bool]:
+    """Per layer, whether config.json's layer_types makes it recurrent (one of `recurrent`), else attention."""
     types = c.get_list("layer_types", default=default)
-    known = RECURRENT_TYPES + ATTENTION_TYPES
+    known = recurrent + ATTENTION_TYPES
     if len(types) != n_layer or not all(t in known for t in types):
         raise c.error("layer_types", types, f"{n_layer} of {', '.join(repr(t) for t in known)}")
-    return [t in RECURRENT_TYPES for t in types]
+    return [t in recurrent for t in types]
 
 
 def only_where(table: dict[str, T | Split], condition: str) -> dict[str, T | Split]:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, experts, in_block, mlp
-from ggufsmith.arch.hybrid import MAMBA1_F32, mamba1_mixer, mamba1_transform, only_where
+from ggufsmith.arch.hybrid import ATTENTION_LAYER, MAMBA1_F32, RECURRENT_LAYER, mamba1_mixer, mamba1_transform, only_where
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-ATTENTION = "n_head_kv > 0"
-MAMBA = "n_head_kv == 0"
 MOE = "bid >= moe_offset and (bid - moe_offset) % moe_period == 0"
 DENSE = f"not ({MOE})"
 
@@ -31,13 +29,13 @@ class Jamba(Decoder):
         **in_block({
             "input_layernorm.weight": T("attn_norm.weight", "n_embd"),
             "pre_ff_layernorm.weight": T("ffn_norm.weight", "n_embd"),
-            **only_where(attention(biases="none"), ATTENTION),
+            **only_where(attention(biases="none"), ATTENTION_LAYER),
             **only_where({
                 **mamba1_mixer("mamba."),
                 "mamba.dt_layernorm.weight": T("ssm_dt_norm.weight", "dt_rank"),
                 "mamba.b_layernorm.weight": T("ssm_b_norm.weight", "d_state"),
                 "mamba.c_layernorm.weight": T("ssm_c_norm.weight", "d_state"),
-            }, MAMBA),
+            }, RECURRENT_LAYER),
             **mlp(biases="none", when=DENSE, prefix="feed_forward."),
             **experts(prefix="feed_forward.", router="router", when=MOE, per_expert=("gate_proj", "up_proj", "down_proj")),
         }),

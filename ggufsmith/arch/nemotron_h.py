@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import ROUTER, attention, in_block
-from ggufsmith.arch.hybrid import SSM_CONV_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, mamba2_keys, mamba2_mixer,
+                                   mamba2_transform, only_where)
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -35,7 +36,6 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 # One letter per layer kind, as hybrid_override_pattern writes them; the names of layers_block_type.
 KIND_OF_NAME = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-", "moe": "E"}
 RECURRENT = "n_head_kv == 0 and n_ff == 0"
-ATTENTION = "n_head_kv > 0"
 FEED_FORWARD = "n_ff > 0"
 MAMBA_NAMES = {"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",),
                "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",),
@@ -59,7 +59,7 @@ def layer_kinds(c: HFConfig) -> str:
 
 def _block(moe: bool) -> dict[str, T]:
     mixer = {hf.replace("self_attn.", "mixer."): spec for hf, spec in attention(biases="none").items()}
-    table = {"norm.weight": T("attn_norm.weight", "n_embd"), **only_where(mixer, ATTENTION),
+    table = {"norm.weight": T("attn_norm.weight", "n_embd"), **only_where(mixer, ATTENTION_LAYER),
              **only_where(mamba2_mixer("mixer.", conv_bias="optional"), RECURRENT)}
     if not moe:
         ffn = {"mixer.up_proj.weight": T("ffn_up.weight", "n_ff", "n_embd"),
