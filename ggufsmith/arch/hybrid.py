@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ggufsmith.arch.base import ArchKeys
+from ggufsmith.arch.decoder import in_block
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
@@ -31,7 +32,10 @@ ATTENTION_TYPES = ("full_attention", "attention")
 ATTENTION_LAYER = "n_head_kv > 0"
 RECURRENT_LAYER = "n_head_kv == 0"
 
-NO_ROPE_CONTEXT = 2**20  # what llama.cpp's converter writes for a hybrid without rope: no trained limit
+# The context length llama.cpp's converter writes for a model without rope (Mamba, hybrids without
+# positions), whose configs carry no training context: an arbitrary large value, which a recurrent
+# state or position-free attention is not limited by.
+NO_ROPE_CONTEXT = 2**20
 CONV_CHANNELS = "d_inner + 2 * n_group * d_state"
 # ssm_conv reads the kernel as a plain float array; Mamba-2's ssm_a, ssm_d and ssm_norm are F32 by the plan's rules
 SSM_CONV_F32 = (r"blk\.\d+\.ssm_conv1d\.weight",)
@@ -59,6 +63,17 @@ def depthwise_conv(tensor: LazyTensor) -> LazyTensor:
     """A depthwise conv1d kernel, torch's (channels, 1, width), as llama.cpp's {width, channels}
     (numpy (channels, width)): the singleton channel-group axis dropped."""
     return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+
+
+def backbone(block: dict[str, T | Split], prefix: str = "backbone.") -> dict[str, T | Split]:
+    """The state-spaces checkpoints' layout (Mamba, Nemotron-H): embeddings, one norm and one mixer per
+    block (`block`: relative HF names), final norm_f."""
+    return {
+        f"{prefix}embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
+        f"{prefix}norm_f.weight": T("output_norm.weight", "n_embd"),
+        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
+        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **block}, hf_prefix=prefix + "layers.{bid}."),
+    }
 
 
 def negative_exp(tensor: LazyTensor) -> LazyTensor:

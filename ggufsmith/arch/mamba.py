@@ -12,31 +12,13 @@ Mamba-2's mixer is shared with the hybrids: see arch/hybrid.py.
 
 from __future__ import annotations
 
-
 from ggufsmith.arch.base import Architecture, ArchKeys
-from ggufsmith.arch.decoder import in_block
-from ggufsmith.arch.hybrid import (MAMBA1_F32, SSM_CONV_F32, mamba1_mixer, mamba1_transform, mamba2_keys, mamba2_mixer,
-                                   mamba2_transform)
-from ggufsmith.arch.tensors import T
+from ggufsmith.arch.hybrid import (MAMBA1_F32, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba1_mixer, mamba1_transform,
+                                   mamba2_keys, mamba2_mixer, mamba2_transform)
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
-
-# HF Mamba configs carry no training context; llama.cpp's converter writes this same arbitrary
-# large value, and a recurrent model is not limited by it.
-MAMBA_CONTEXT_LENGTH = 2**20
-
-
-
-def _backbone(mixer: dict[str, T]) -> dict[str, T]:
-    """The state-spaces checkpoints' layout: embeddings, one norm and one mixer per block, final norm."""
-    return {
-        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
-        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mixer}, hf_prefix="backbone.layers.{bid}."),
-    }
 
 
 class Mamba(Architecture):
@@ -45,7 +27,7 @@ class Mamba(Architecture):
     model_types = ("mamba",)
     tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = _backbone(mamba1_mixer("mixer."))
+    tensor_names = backbone(mamba1_mixer("mixer."))
     f32_tensors = MAMBA1_F32
 
     def metadata(self) -> Metadata:
@@ -69,7 +51,7 @@ class Mamba(Architecture):
 
         m = Metadata()
         keys = ArchKeys(m, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, d_model)
         # No feed-forward and no attention; llama.cpp's converter writes zeros and so do we.
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
@@ -96,7 +78,7 @@ class Mamba2(Architecture):
     model_types = ("mamba2",)
     tokenizer_kind = None  # SentencePiece (Codestral) or BPE; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = _backbone(mamba2_mixer("mixer."))
+    tensor_names = backbone(mamba2_mixer("mixer."))
     f32_tensors = SSM_CONV_F32
 
     def metadata(self) -> Metadata:
@@ -105,7 +87,7 @@ class Mamba2(Architecture):
             raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba2 requires the conv1d bias")
         m = Metadata()
         keys = ArchKeys(m, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)

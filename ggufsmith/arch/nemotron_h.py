@@ -22,8 +22,8 @@ from collections.abc import Mapping
 
 from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject, without_mtp
-from ggufsmith.arch.decoder import ROUTER, attention, in_block
-from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, mamba2_keys, mamba2_mixer,
+from ggufsmith.arch.decoder import ROUTER, attention
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba2_keys, mamba2_mixer,
                                    mamba2_transform, only_where)
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
@@ -59,7 +59,7 @@ def layer_kinds(c: HFConfig) -> str:
 
 def _block(moe: bool) -> dict[str, T]:
     mixer = {hf.replace("self_attn.", "mixer."): spec for hf, spec in attention(biases="none").items()}
-    table = {"norm.weight": T("attn_norm.weight", "n_embd"), **only_where(mixer, ATTENTION_LAYER),
+    table = {**only_where(mixer, ATTENTION_LAYER),
              **only_where(mamba2_mixer("mixer.", conv_bias="optional"), RECURRENT)}
     if not moe:
         ffn = {"mixer.up_proj.weight": T("ffn_up.weight", "n_ff", "n_embd"),
@@ -83,12 +83,7 @@ def _block(moe: bool) -> dict[str, T]:
 
 
 def _table(moe: bool) -> dict[str, T]:
-    table = {"lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True)}
-    for prefix in PREFIXES:
-        table[f"{prefix}embeddings.weight"] = T("token_embd.weight", "n_vocab", "n_embd")
-        table[f"{prefix}norm_f.weight"] = T("output_norm.weight", "n_embd")
-        table.update(in_block(_block(moe), hf_prefix=prefix + "layers.{bid}."))
-    return table
+    return {hf: spec for prefix in PREFIXES for hf, spec in backbone(_block(moe), prefix).items()}
 
 
 class NemotronH(Architecture):
