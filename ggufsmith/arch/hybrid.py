@@ -100,6 +100,20 @@ def mamba1_mixer(prefix: str) -> dict[str, T]:
 MAMBA1_F32 = SSM_CONV_F32 + (r"blk\.\d+\.ssm_a", r"blk\.\d+\.ssm_d")
 
 
+def mamba1_keys(keys: ArchKeys, c: HFConfig, d_model: int, d_inner: int, *, prefix: str = "") -> None:
+    """ssm.* keys of the first Mamba's mixer from Mamba's config names (conv_kernel or d_conv, ...), or
+    with `prefix` "mamba_" from Jamba's (mamba_d_conv, ...). dt_rank "auto" is Mamba's ceil(d_model / 16)."""
+    def names(*plain: str) -> tuple[str, ...]:
+        return (prefix + plain[-1],) if prefix else plain
+
+    dt_rank = c.get(*names("time_step_rank", "dt_rank"), default="auto")
+    keys.u32(Keys.SSM.CONV_KERNEL, c.get_int(*names("conv_kernel", "d_conv"), default=4, min=1))
+    keys.u32(Keys.SSM.INNER_SIZE, d_inner)
+    keys.u32(Keys.SSM.STATE_SIZE, c.get_int(*names("state_size", "d_state"), default=16, min=1))
+    keys.u32(Keys.SSM.TIME_STEP_RANK, -(-d_model // 16) if dt_rank == "auto" else
+             c.get_int(*names("time_step_rank", "dt_rank"), min=1))
+
+
 def mamba1_transform(name: str, tensor: LazyTensor) -> LazyTensor:
     """A = -exp(A_log); the depthwise conv kernel as llama.cpp reads it."""
     if name.endswith(".ssm_a"):

@@ -13,8 +13,8 @@ Mamba-2's mixer is shared with the hybrids: see arch/hybrid.py.
 from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
-from ggufsmith.arch.hybrid import (MAMBA1_F32, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba1_mixer, mamba1_transform,
-                                   mamba2_keys, mamba2_mixer, mamba2_transform)
+from ggufsmith.arch.hybrid import (MAMBA1_F32, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba1_keys, mamba1_mixer,
+                                   mamba1_transform, mamba2_keys, mamba2_mixer, mamba2_transform)
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
@@ -41,9 +41,6 @@ class Mamba(Architecture):
                 f"{c.path}: intermediate_size {d_inner} is not 2 x hidden_size {d_model}; "
                 "llama.cpp's mamba supports only an expansion factor of 2"
             )
-        dt_rank = "auto" if c.get("time_step_rank", "dt_rank", default="auto") == "auto" else c.get_int("time_step_rank", "dt_rank", min=1)
-        if dt_rank == "auto":
-            dt_rank = -(-d_model // 16)  # mamba's own default: ceil(d_model / 16)
         if c.get_bool("use_bias", default=False):
             raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba has no in/out projection biases")
         if not c.get_bool("use_conv_bias", default=True):
@@ -57,10 +54,7 @@ class Mamba(Architecture):
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", "n_layer", min=1))
-        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("conv_kernel", "d_conv", default=4, min=1))
-        keys.u32(Keys.SSM.INNER_SIZE, d_inner)
-        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("state_size", "d_state", default=16, min=1))
-        keys.u32(Keys.SSM.TIME_STEP_RANK, dt_rank)
+        mamba1_keys(keys, c, d_model, d_inner)
         keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         # Plain Mamba normalizes neither dt nor B, C (falcon-mamba does; not claimed here).
         keys.bool(Keys.SSM.DT_B_C_RMS, False)
