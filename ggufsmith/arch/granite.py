@@ -18,6 +18,13 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 SHARED = "n_ff_shexp > 0"
 
 
+def multiplier_keys(keys: ArchKeys, c: HFConfig) -> None:
+    keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
+    keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
+    keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
+    keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+
+
 class Granite(Llama):
     name = "granite"
     hf_classes = ("GraniteForCausalLM",)
@@ -25,11 +32,7 @@ class Granite(Llama):
 
     def family_keys(self, keys: ArchKeys) -> None:
         super().family_keys(keys)
-        c = self.config
-        keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
-        keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
-        keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
-        keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+        multiplier_keys(keys, self.config)
 
 
 def _granite_experts(router: str) -> dict[str, T | Split]:
@@ -118,10 +121,7 @@ class GraniteHybrid(GraniteMoe):
         keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", default=2, min=1) if self.moe else None)
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.Rope.DIMENSION_COUNT, self.head_dim)
-        keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
-        keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
-        keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
-        keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+        multiplier_keys(keys, c)
         if self.moe:
             keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, self._shared_width())
         mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
