@@ -8,7 +8,7 @@ from __future__ import annotations
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
 from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, RECURRENT_LAYER, SSM_CONV_F32, mamba2_keys,
-                                   mamba2_mixer, mamba2_transform, only_where, recurrent_layers)
+                                   mamba2_mixer, mamba2_size, mamba2_transform, only_where, recurrent_layers)
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -16,6 +16,7 @@ from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
 SHARED = "n_ff_shexp > 0"
+MAMBA2 = {"prefix": "mamba_", "defaults": {"n_groups": 1, "d_state": 256}}  # Granite 4's config names, defaults
 
 
 def multiplier_keys(keys: ArchKeys, c: HFConfig) -> None:
@@ -124,7 +125,7 @@ class GraniteHybrid(GraniteMoe):
         multiplier_keys(keys, c)
         if self.moe:
             keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, self._shared_width())
-        mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
+        mamba2_keys(keys, c, **MAMBA2)
         rope = c.get_str("position_embedding_type", default=None) == "rope" or all(self.attention_layers)
         keys.bool(Keys.Rope.SCALING_FINETUNED, rope)
         if not rope:
@@ -132,4 +133,4 @@ class GraniteHybrid(GraniteMoe):
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         tensor = super().transform(name, tensor)
-        return mamba2_transform(name, tensor, self.config.get_int("mamba_n_groups", default=1, min=1))
+        return mamba2_transform(name, tensor, mamba2_size(self.config, "n_groups", **MAMBA2))

@@ -139,6 +139,28 @@ def mamba2_mixer(prefix: str, *, conv_bias: str = "required", norm: str = "requi
     }
 
 
+def _mamba2_names(prefix: str, defaults: dict[str, int] | None,
+                  names: dict[str, tuple[str, ...]] | None) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+    """The defaults and config names of the Mamba-2 settings (see mamba2_keys)."""
+    d = {"expand": 2, "n_groups": 8, "d_conv": 4, "d_state": 128, **(defaults or {})}
+    n = {"expand": (f"{prefix}expand", "expand"), "n_heads": (f"{prefix}n_heads", "num_heads"),
+         "n_groups": (f"{prefix}n_groups", "n_groups"), "d_conv": (f"{prefix}d_conv", "conv_kernel"),
+         "d_state": (f"{prefix}d_state", "state_size"), "head_dim": ("mamba_d_head",) if prefix else ("head_dim",),
+         "proj_bias": (f"{prefix}proj_bias", "use_bias"), "inner": (), **(names or {})}
+    return d, n
+
+
+def mamba2_size(c: HFConfig, setting: str, *, prefix: str = "", defaults: dict[str, int] | None = None,
+                names: dict[str, tuple[str, ...]] | None = None) -> int:
+    """One Mamba-2 size as mamba2_keys reads it (same prefix, defaults and names): n_groups, d_state,
+    ..., or "inner" (the inner size, unless inner_from_heads), for the layout changes that need it."""
+    d, n = _mamba2_names(prefix, defaults, names)
+    if setting == "inner":
+        d_inner = c.get_int(*n["inner"], default=None, min=1) if n["inner"] else None
+        return d_inner or c.get_int(*n["expand"], default=d["expand"], min=1) * c.get_int("hidden_size", min=1)
+    return c.get_int(*n[setting], default=d[setting], min=1) if setting in d else c.get_int(*n[setting], min=1)
+
+
 def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict[str, int] | None = None,
                 names: dict[str, tuple[str, ...]] | None = None, inner_from_heads: bool = False) -> None:
     """ssm.* keys from the config's Mamba-2 settings, with the variants llama.cpp cannot run refused.
@@ -146,19 +168,14 @@ def mamba2_keys(keys: ArchKeys, c: HFConfig, *, prefix: str = "", defaults: dict
     config names of a setting (expand, n_heads, n_groups, d_conv, d_state, head_dim, proj_bias, and
     inner: the inner size itself, when set, in place of expand x hidden_size); inner_from_heads: the
     inner size is heads x head dim, whatever `expand` says (Nemotron-H)."""
-    d = {"expand": 2, "n_groups": 8, "d_conv": 4, "d_state": 128, **(defaults or {})}
-    n = {"expand": (f"{prefix}expand", "expand"), "n_heads": (f"{prefix}n_heads", "num_heads"),
-         "n_groups": (f"{prefix}n_groups", "n_groups"), "d_conv": (f"{prefix}d_conv", "conv_kernel"),
-         "d_state": (f"{prefix}d_state", "state_size"), "head_dim": ("mamba_d_head",) if prefix else ("head_dim",),
-         "proj_bias": (f"{prefix}proj_bias", "use_bias"), "inner": (), **(names or {})}
+    d, n = _mamba2_names(prefix, defaults, names)
     n_embd = c.get_int("hidden_size", min=1)
     n_head = c.get_int(*n["n_heads"], min=1)
     n_group = c.get_int(*n["n_groups"], default=d["n_groups"], min=1)
     if inner_from_heads:
         d_inner = n_head * c.get_int(*n["head_dim"], min=1)
     else:
-        d_inner = c.get_int(*n["inner"], default=None, min=1) if n["inner"] else None
-        d_inner = d_inner or c.get_int(*n["expand"], default=d["expand"], min=1) * n_embd
+        d_inner = mamba2_size(c, "inner", prefix=prefix, defaults=defaults, names=names)
         head_dim = c.get(*n["head_dim"], default="auto")
         if head_dim != "auto" and c.get_int(*n["head_dim"], min=1) * n_head != d_inner:
             raise ConversionError(f"{c.label}: {n_head} Mamba heads x head dim {head_dim} is not the inner size "

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.hybrid import (MAMBA1_F32, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba1_keys, mamba1_mixer,
-                                   mamba1_transform, mamba2_keys, mamba2_mixer, mamba2_transform)
+                                   mamba1_transform, mamba2_keys, mamba2_mixer, mamba2_size,
+                                   mamba2_transform)
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
@@ -91,4 +92,4 @@ class Mamba2(Architecture):
         return m
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
-        return mamba2_transform(name, tensor, self.config.get_int("n_groups", default=8, min=1))
+        return mamba2_transform(name, tensor, mamba2_size(self.config, "n_groups"))

@@ -24,7 +24,7 @@ from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
 from ggufsmith.arch.common import reject, without_mtp
 from ggufsmith.arch.decoder import ROUTER, attention
 from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba2_keys, mamba2_mixer,
-                                   mamba2_transform, only_where)
+                                   mamba2_size, mamba2_transform, only_where)
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -111,7 +111,7 @@ class NemotronH(Architecture):
                "feed-forward layer as experts)")
         reject(c, c.get_str("mlp_hidden_act", default="relu2") != "relu2", "mlp_hidden_act is not relu2")
         reject(c, c.get_str("mamba_hidden_act", default="silu") != "silu", "mamba_hidden_act is not silu")
-        self.n_group = c.get_int("n_groups", "mamba_n_groups", default=8, min=1)
+        self.n_group = mamba2_size(c, "n_groups", names=MAMBA_NAMES)
 
     def metadata(self) -> Metadata:
         c = self.config
