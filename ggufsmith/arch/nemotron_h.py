@@ -18,10 +18,8 @@ Multi-token-prediction layers (`mtp.*`) are left out with a notice (their export
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
-from ggufsmith.arch.common import reject, without_mtp
+from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import ROUTER, attention
 from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba2_keys, mamba2_mixer,
                                    mamba2_size, mamba2_transform, only_where)
@@ -95,6 +93,7 @@ class NemotronH(Architecture):
     config_defaults = {"tie_word_embeddings": False}  # NemotronHConfig's default
     tensor_names = _table(moe=False)
     f32_tensors = SSM_CONV_F32
+    mtp_prefixes = ("mtp.",)
     dim_names = ("moe_n_embd",)
     moe = False
 
@@ -161,9 +160,6 @@ class NemotronH(Architecture):
         if name.endswith("attn_k.weight"):
             return rotary_halves_to_pairs(tensor, self.config.get_int("num_key_value_heads", min=1))
         return mamba2_transform(name, tensor, self.n_group)
-
-    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        return super().map_tensors(without_mtp(source, self.config.path))
 
 
 class NemotronHMoe(NemotronH):

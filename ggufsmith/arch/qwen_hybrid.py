@@ -26,12 +26,10 @@ converter does with --no-mtp.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
-from ggufsmith.arch.base import ArchKeys, LanguageModelOf, MappedTensor
-from ggufsmith.arch.common import reject, without_mtp
+from ggufsmith.arch.base import ArchKeys, LanguageModelOf
+from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
                                     reject_routing, shared_expert, ROUTER)
 from ggufsmith.arch.gemma import offset_norm
@@ -70,7 +68,6 @@ MOE = {
 # Qwen3.5's multimodal checkpoints: the vision tower is llama.cpp's mmproj file.
 MULTIMODAL_QWEN35 = LanguageModelOf(prefixes={"model.language_model.": "model."},
                                     skipped={"model.visual.": "the vision tower"})
-MTP_PREFIXES = ("mtp.", "model.mtp.")
 
 
 def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
@@ -84,6 +81,7 @@ class _GatedDeltaNetHybrid(Decoder):
     """What Qwen3-Next and Qwen3.5 share: the layer pattern, the delta-net's keys and layouts."""
 
     f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight",) + SSM_CONV_F32
+    mtp_prefixes = ("mtp.", "model.mtp.")
     dim_names = ("is_recurrent",)
     # Whether llama.cpp's graph shares key heads among value heads by tiling (qwen35: value head j
     # uses key head j % n_k) rather than by HF's grouping (qwen3next: j // (n_v / n_k)).
@@ -121,9 +119,6 @@ class _GatedDeltaNetHybrid(Decoder):
                                     GGUFValueType.BOOL)
         keys.u32(Keys.LLM.FULL_ATTENTION_INTERVAL, self.interval)
         keys.u32(Keys.Rope.DIMENSION_COUNT, int(self.head_dim * self.rope.partial_rotary_factor()))
-
-    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        return super().map_tensors(without_mtp(source, self.config.path, MTP_PREFIXES))
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith("norm.weight") and not name.endswith(".ssm_norm.weight"):
