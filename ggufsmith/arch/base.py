@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -71,6 +71,12 @@ class ArchKeys:
 
     def string(self, template: str, value: str | None) -> None:
         self._add(template, value, GGUFValueType.STRING)
+
+    def array(self, template: str, values: Sequence[Any], element_type: GGUFValueType) -> None:
+        """An array key (one value per layer, ...) of `element_type` elements."""
+        key = arch_key(template, self.arch)
+        check_key(key)
+        self.metadata.add_array(key, values, element_type)
 
 
 def _integral(value: Any) -> Any:

@@ -25,7 +25,7 @@ from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F3
                                    mamba2_size, mamba2_transform, only_where)
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -122,10 +122,10 @@ class NemotronH(Architecture):
         keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)  # no rope: not limited by the training context
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         n_ff = c.get_int("moe_intermediate_size" if self.moe else "intermediate_size", min=1)
-        self._per_layer(m, Keys.LLM.FEED_FORWARD_LENGTH, [n_ff if k in "-E" else 0 for k in self.kinds])
+        keys.array(Keys.LLM.FEED_FORWARD_LENGTH, [n_ff if k in "-E" else 0 for k in self.kinds], GGUFValueType.UINT32)
         keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
         n_head_kv = c.get_int("num_key_value_heads", min=1)
-        self._per_layer(m, Keys.Attention.HEAD_COUNT_KV, [n_head_kv if k == "*" else 0 for k in self.kinds])
+        keys.array(Keys.Attention.HEAD_COUNT_KV, [n_head_kv if k == "*" else 0 for k in self.kinds], GGUFValueType.UINT32)
         keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         if self.moe:
             self.expert_keys(keys)
@@ -138,9 +138,6 @@ class NemotronH(Architecture):
         if self.moe:
             self.shared_expert_keys(keys)
         return m
-
-    def _per_layer(self, m: Metadata, template: str, values: list[int]) -> None:
-        m.add_array(arch_key(template, self.name), values, GGUFValueType.UINT32)
 
     def expert_keys(self, keys: ArchKeys) -> None:
         """The routing: sigmoid scores, the top-k of score + selection bias within the best groups."""

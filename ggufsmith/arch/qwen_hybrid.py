@@ -35,7 +35,7 @@ from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys,
 from ggufsmith.arch.gemma import offset_norm
 from ggufsmith.arch.hybrid import SSM_CONV_F32, depthwise_conv, negative_exp, only_where, recurrent_layers
 from ggufsmith.arch.tensors import Split, T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -115,8 +115,7 @@ class _GatedDeltaNetHybrid(Decoder):
         keys.u32(Keys.SSM.TIME_STEP_RANK, self.n_v)
         keys.u32(Keys.SSM.INNER_SIZE, self.v_dim * self.n_v)
         if self.pattern_given:
-            keys.metadata.add_array(arch_key(Keys.Attention.RECURRENT_LAYERS, self.name), self.recurrent,
-                                    GGUFValueType.BOOL)
+            keys.array(Keys.Attention.RECURRENT_LAYERS, self.recurrent, GGUFValueType.BOOL)
         keys.u32(Keys.LLM.FULL_ATTENTION_INTERVAL, self.interval)
         keys.u32(Keys.Rope.DIMENSION_COUNT, int(self.head_dim * self.rope.partial_rotary_factor()))
 
@@ -218,8 +217,7 @@ class Qwen35(_GatedDeltaNetHybrid):
         rotary_pairs = int(self.head_dim * self.rope.partial_rotary_factor()) // 2
         reject(self.config, sum(sections) > rotary_pairs, f"rope_parameters.mrope_section {sections} spans more "
                f"than the {rotary_pairs} rotary pairs of a head")
-        keys.metadata.add_array(arch_key(Keys.Rope.DIMENSION_SECTIONS, self.name), [*sections, 0, 0, 0][:4],
-                                GGUFValueType.INT32)
+        keys.array(Keys.Rope.DIMENSION_SECTIONS, [*sections, 0, 0, 0][:4], GGUFValueType.INT32)
 
 
 class Qwen35Moe(Qwen35):
