@@ -30,10 +30,10 @@ import numpy as np
 
 from ggufsmith.arch.base import ArchKeys, LanguageModelOf
 from ggufsmith.arch.common import reject
-from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
-                                    reject_routing, shared_expert, ROUTER)
+from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, in_block, mlp, norms, reject_routing
 from ggufsmith.arch.gemma import offset_norm
 from ggufsmith.arch.hybrid import SSM_CONV_F32, depthwise_conv, negative_exp, only_where, recurrent_layers
+from ggufsmith.arch.qwen_moe import EXPERTS_AND_GATED_SHARED, reject_dense_blocks
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.readers.config import HFConfig
@@ -60,11 +60,6 @@ DELTA_NET_STATE = only_where({  # what Qwen3-Next and Qwen3.5 share
 }, DELTA_NET)
 QKV = T("attn_qkv.weight", CONV_CHANNELS, "n_embd", when=DELTA_NET)
 GATE = T("attn_gate.weight", "d_inner", "n_embd", when=DELTA_NET)
-MOE = {
-    **experts(),
-    **shared_expert(),
-    "mlp.shared_expert_gate.weight": T("ffn_gate_inp_shexp.weight", 1, "n_embd"),  # a vector to llama.cpp
-}
 # Qwen3.5's multimodal checkpoints: the vision tower is llama.cpp's mmproj file.
 MULTIMODAL_QWEN35 = LanguageModelOf(prefixes={"model.language_model.": "model."},
                                     skipped={"model.visual.": "the vision tower"})
@@ -158,7 +153,7 @@ class Qwen3Next(_GatedDeltaNetHybrid):
     tensor_names = {
         **embeddings(),
         **in_block({
-            **NORMS, **GATED_ATTENTION, **DELTA_NET_STATE, **MOE,
+            **NORMS, **GATED_ATTENTION, **DELTA_NET_STATE, **EXPERTS_AND_GATED_SHARED,
             "linear_attn.in_proj_qkvz.weight": Split(QKV, GATE),
             "linear_attn.in_proj_ba.weight": T("ssm_ba.weight", "2 * dt_rank", "n_embd", when=DELTA_NET),
         }),
@@ -168,8 +163,7 @@ class Qwen3Next(_GatedDeltaNetHybrid):
         super().__init__(config)
         c = self.config
         reject_routing(c, normalizes_top_k=True, arch=self.name)
-        reject(c, c.get_int("decoder_sparse_step", default=1) != 1 or bool(c.get_list("mlp_only_layers", default=[])),
-               "decoder_sparse_step / mlp_only_layers make some blocks dense")
+        reject_dense_blocks(c)
 
     def family_keys(self, keys: ArchKeys) -> None:
         moe_keys(keys, self.config)
@@ -224,7 +218,7 @@ class Qwen35Moe(Qwen35):
     name = "qwen35moe"
     hf_classes = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
     model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
-    tensor_names = {**embeddings(), **in_block({**NORMS, **GATED_ATTENTION, **QWEN35_DELTA_NET, **MOE})}
+    tensor_names = {**embeddings(), **in_block({**NORMS, **GATED_ATTENTION, **QWEN35_DELTA_NET, **EXPERTS_AND_GATED_SHARED})}
 
     def family_keys(self, keys: ArchKeys) -> None:
         moe_keys(keys, self.config)
