@@ -1,5 +1,7 @@
-"""Shared pieces of the state-space and hybrid families (Mamba-2, Granite 4, ...): which layers are
-recurrent, the Mamba-2 mixer's tensor table, keys and layout changes.
+"""Shared pieces of the state-space and hybrid families (Mamba, Mamba-2, Jamba, Granite 4, Nemotron-H,
+Falcon-H1, LFM2, Qwen3-Next/3.5): which layers are recurrent, the state-spaces checkpoint layout, the
+depthwise conv kernel and A = -exp(A_log), and the Mamba and Mamba-2 mixers' tensor tables, keys and
+layout changes.
 
 Mamba-2's mixer as llama.cpp's build_mamba2_layer reads it: one in_proj whose rows are z, then x B C
 (the conv input), then dt per head; A, D and the dt bias one per head, A and D as {1, n_head}
