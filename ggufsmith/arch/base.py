@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ggufsmith.constants import GGUFValueType, arch_key
+from ggufsmith.arch.common import without_mtp
 from ggufsmith.arch.tensors import Split, T, check_model, gguf_name, model_dims
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -70,6 +71,12 @@ class ArchKeys:
 
     def string(self, template: str, value: str | None) -> None:
         self._add(template, value, GGUFValueType.STRING)
+
+    def array(self, template: str, values: Sequence[Any], element_type: GGUFValueType) -> None:
+        """An array key (one value per layer, ...) of `element_type` elements."""
+        key = arch_key(template, self.arch)
+        check_key(key)
+        self.metadata.add_array(key, values, element_type)
 
 
 def _integral(value: Any) -> Any:
@@ -121,6 +128,9 @@ class Architecture:
     # several GGUF ones (a fused gate_up), or just the GGUF name.
     tensor_names: ClassVar[dict[str, str | T | Split]] = {}
     ignored_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of HF names dropped on purpose (checked first)
+    # Name prefixes of multi-token-prediction layers, which llama.cpp runs the model without: left out
+    # with one notice (their export as a separate file is a later feature).
+    mtp_prefixes: ClassVar[tuple[str, ...]] = ()
     f32_tensors: ClassVar[tuple[str, ...]] = ()  # regexes of GGUF names kept F32 whatever the outtype
     # Regex of the HF output-head tensor that is dropped when config.json ties it to the token
     # embeddings (tie_word_embeddings, true unless set false, as in transformers): the reader then
@@ -213,6 +223,8 @@ class Architecture:
         An HF tensor that matches no pattern and is not ignored is an error: silently dropping a
         weight would give a model that loads and produces wrong output.
         """
+        if self.mtp_prefixes:
+            source = without_mtp(source, self.config.path, self.mtp_prefixes)
         patterns = _compile_patterns(self.tensor_names)
         ignored = [re.compile(p) for p in self._ignored_patterns()]
         singles: dict[str, tuple[str, LazyTensor]] = {}

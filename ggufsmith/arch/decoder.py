@@ -13,7 +13,7 @@ from ggufsmith.arch.base import Architecture, ArchKeys, HFConfig
 from ggufsmith.arch.common import layer_types, reject
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import Dim, Split, T
-from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys, arch_key
+from ggufsmith.constants import ExpertGatingFunc, GGUFValueType, Keys
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -270,9 +270,8 @@ class Decoder(Architecture):
         if self.attention_layers is None:
             keys.u32(Keys.Attention.HEAD_COUNT_KV, self.n_head_kv)
         else:  # llama.cpp's hybrids take a layer with no key/value heads for a recurrent one
-            keys.metadata.add_array(arch_key(Keys.Attention.HEAD_COUNT_KV, self.name),
-                                    [int(self.n_head_kv) if a else 0 for a in self.attention_layers],
-                                    GGUFValueType.UINT32)
+            keys.array(Keys.Attention.HEAD_COUNT_KV, [int(self.n_head_kv) if a else 0 for a in self.attention_layers],
+                       GGUFValueType.UINT32)
         keys.f32(Keys.Rope.FREQ_BASE, self.rope.theta)
         keys.f32(Keys.Rope.FREQ_BASE_SWA, self.rope.swa_theta)
         if self.layer_norm:
@@ -295,7 +294,7 @@ class Decoder(Architecture):
         """attention.sliding_window and, per layer, whether it is a sliding-window layer."""
         keys.u32(Keys.Attention.SLIDING_WINDOW, self.config.get_int("sliding_window", min=1))
         if pattern is not None:
-            keys.metadata.add_array(arch_key(Keys.Attention.SLIDING_WINDOW_PATTERN, self.name), pattern, GGUFValueType.BOOL)
+            keys.array(Keys.Attention.SLIDING_WINDOW_PATTERN, pattern, GGUFValueType.BOOL)
 
     def layer_types(self, default: list[str]) -> list[str]:
         """config.json layer_types ("sliding_attention" / "full_attention" per layer), checked."""

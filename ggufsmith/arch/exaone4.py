@@ -12,24 +12,21 @@ with a notice.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from ggufsmith.arch.base import ArchKeys, MappedTensor
-from ggufsmith.arch.common import FULL, SLIDING, periodic_layer_types, reject, sliding_flags, without_mtp
+from ggufsmith.arch.base import ArchKeys
+from ggufsmith.arch.common import FULL, SLIDING, periodic_layer_types, reject, sliding_flags
 from ggufsmith.arch.decoder import Decoder, attention, embeddings, in_block, mlp, norms
 from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
-from ggufsmith.readers.lazy_tensor import LazyTensor
 
 
 LLAMACPP_SWA_BLOCKS = 64  # llama.cpp's exaone4 has sliding-window layers only at this depth
-MTP_PREFIX = "mtp."
 
 
 class Exaone4(Decoder):
     name = "exaone4"
     hf_classes = ("Exaone4ForCausalLM",)
     model_types = ("exaone4",)
+    mtp_prefixes = ("mtp.",)
     tensor_names = {
         **embeddings(),
         **in_block({
@@ -63,6 +60,3 @@ class Exaone4(Decoder):
                 raise c.error("sliding_window_pattern", letters, "letters L (local) and G (global)")
             return [SLIDING if letters[i % len(letters)] == "L" else FULL for i in range(n_layer)]
         return periodic_layer_types(n_layer, c.get_int("sliding_window_pattern", default=4, min=1))
-
-    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        return super().map_tensors(without_mtp(source, self.config.path, (MTP_PREFIX,)))

@@ -23,7 +23,7 @@ import numpy as np
 from ggufsmith.arch.base import Architecture, ArchKeys
 from ggufsmith.arch.common import reject
 from ggufsmith.arch.decoder import attention, embeddings, in_block, mlp
-from ggufsmith.arch.hybrid import MAMBA2_F32, mamba2_keys, mamba2_mixer, mamba2_transform
+from ggufsmith.arch.hybrid import SSM_CONV_F32, mamba2_keys, mamba2_mixer, mamba2_size, mamba2_transform
 from ggufsmith.arch.rope import Rope
 from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
@@ -35,6 +35,7 @@ MAMBA_NAMES = {"n_heads": ("mamba_n_heads",), "n_groups": ("mamba_n_groups",), "
                "d_state": ("mamba_d_state",), "head_dim": ("mamba_d_head",), "proj_bias": ("mamba_proj_bias",),
                "expand": ("mamba_expand",), "inner": ("mamba_d_ssm",)}
 MAMBA_DEFAULTS = {"n_groups": 1, "d_state": 256, "d_conv": 4, "expand": 2}
+MAMBA2 = {"defaults": MAMBA_DEFAULTS, "names": MAMBA_NAMES}
 
 
 class FalconH1(Architecture):
@@ -55,7 +56,7 @@ class FalconH1(Architecture):
             **mlp(when=None, prefix="feed_forward."),
         }),
     }
-    f32_tensors = MAMBA2_F32
+    f32_tensors = SSM_CONV_F32
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -72,7 +73,7 @@ class FalconH1(Architecture):
                "the output head is tied to the embeddings but lm_head_multiplier is not embedding_multiplier "
                "(one tensor cannot carry both)")
         self.rope = Rope(c)
-        self.n_group = c.get_int("mamba_n_groups", default=MAMBA_DEFAULTS["n_groups"], min=1)
+        self.n_group = mamba2_size(c, "n_groups", **MAMBA2)
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -85,7 +86,7 @@ class FalconH1(Architecture):
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, c.get_int("intermediate_size", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT, n_head)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", min=1))
-        mamba2_keys(keys, c, defaults=MAMBA_DEFAULTS, names=MAMBA_NAMES)
+        mamba2_keys(keys, c, **MAMBA2)
         keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("rms_norm_eps", default=1e-5, min=0))
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.Attention.HEAD_COUNT_KV, c.get_int("num_key_value_heads", default=n_head, min=1))
@@ -117,9 +118,8 @@ class FalconH1(Architecture):
         factors = self.config.get_list("ssm_multipliers", default=None)
         if factors is None:
             return None
-        d_inner = self.config.get_int("mamba_d_ssm", default=None, min=1) or \
-            self.config.get_int("mamba_expand", default=2, min=1) * self.config.get_int("hidden_size", min=1)
-        bc = self.n_group * self.config.get_int("mamba_d_state", default=MAMBA_DEFAULTS["d_state"], min=1)
+        d_inner = mamba2_size(self.config, "inner", **MAMBA2)
+        bc = self.n_group * mamba2_size(self.config, "d_state", **MAMBA2)
         sizes = [d_inner, d_inner, bc, bc, rows - 2 * d_inner - 2 * bc]
         return np.repeat(np.array([float(v) for v in factors], dtype=np.float32), sizes)[:, None]
 

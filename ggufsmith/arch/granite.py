@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, in_block, llama_decoder
-from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, RECURRENT_LAYER, SSM_CONV_F32, mamba2_keys,
+                                   mamba2_mixer, mamba2_size, mamba2_transform, only_where, recurrent_layers)
 from ggufsmith.arch.llama import Llama
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import GGUFValueType, Keys, arch_key
@@ -15,6 +16,14 @@ from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
 SHARED = "n_ff_shexp > 0"
+MAMBA2 = {"prefix": "mamba_", "defaults": {"n_groups": 1, "d_state": 256}}  # Granite 4's config names, defaults
+
+
+def multiplier_keys(keys: ArchKeys, c: HFConfig) -> None:
+    keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
+    keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
+    keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
+    keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
 
 
 class Granite(Llama):
@@ -24,11 +33,7 @@ class Granite(Llama):
 
     def family_keys(self, keys: ArchKeys) -> None:
         super().family_keys(keys)
-        c = self.config
-        keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
-        keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
-        keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
-        keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+        multiplier_keys(keys, self.config)
 
 
 def _granite_experts(router: str) -> dict[str, T | Split]:
@@ -66,10 +71,6 @@ class GraniteMoe(Granite):
         keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, shared or None)
 
 
-ATTENTION_LAYER = "n_head_kv > 0"  # llama.cpp: a layer is recurrent iff its head_count_kv is 0
-RECURRENT_LAYER = "n_head_kv == 0"
-
-
 def _dense_shared_mlp() -> dict[str, T | Split]:
     """Without routed experts, the "shared" MLP is the block's only feed-forward: llama.cpp's ffn_*."""
     return {"shared_mlp.input_linear.weight": Split(T("ffn_gate.weight", "n_ff", "n_embd"), T("ffn_up.weight", "n_ff", "n_embd")),
@@ -96,7 +97,7 @@ class GraniteHybrid(GraniteMoe):
     hf_classes = ("GraniteMoeHybridForCausalLM",)
     model_types = ("granitemoehybrid",)
     tensor_names = _hybrid_table(moe=True)
-    f32_tensors = ROUTER + MAMBA2_F32
+    f32_tensors = ROUTER + SSM_CONV_F32
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
@@ -121,13 +122,10 @@ class GraniteHybrid(GraniteMoe):
         keys.u32(Keys.LLM.EXPERT_USED_COUNT, c.get_int("num_experts_per_tok", default=2, min=1) if self.moe else None)
         keys.u32(Keys.LLM.VOCAB_SIZE, c.get_int("vocab_size", min=1))
         keys.u32(Keys.Rope.DIMENSION_COUNT, self.head_dim)
-        keys.f32(Keys.Attention.SCALE, c.get_float("attention_multiplier", default=None))
-        keys.f32(Keys.LLM.EMBEDDING_SCALE, c.get_float("embedding_multiplier", default=None))
-        keys.f32(Keys.LLM.RESIDUAL_SCALE, c.get_float("residual_multiplier", default=None))
-        keys.f32(Keys.LLM.LOGIT_SCALE, c.get_float("logits_scaling", default=None))
+        multiplier_keys(keys, c)
         if self.moe:
             keys.u32(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, self._shared_width())
-        mamba2_keys(keys, c, prefix="mamba_", defaults={"n_groups": 1, "d_state": 256})
+        mamba2_keys(keys, c, **MAMBA2)
         rope = c.get_str("position_embedding_type", default=None) == "rope" or all(self.attention_layers)
         keys.bool(Keys.Rope.SCALING_FINETUNED, rope)
         if not rope:
@@ -135,4 +133,4 @@ class GraniteHybrid(GraniteMoe):
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         tensor = super().transform(name, tensor)
-        return mamba2_transform(name, tensor, self.config.get_int("mamba_n_groups", default=1, min=1))
+        return mamba2_transform(name, tensor, mamba2_size(self.config, "n_groups", **MAMBA2))

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, experts, in_block, mlp
-from ggufsmith.arch.hybrid import MAMBA1_F32, mamba1_mixer, mamba1_transform, only_where
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, MAMBA1_F32, RECURRENT_LAYER, mamba1_keys, mamba1_mixer,
+                                   mamba1_transform, only_where)
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
-ATTENTION = "n_head_kv > 0"
-MAMBA = "n_head_kv == 0"
 MOE = "bid >= moe_offset and (bid - moe_offset) % moe_period == 0"
 DENSE = f"not ({MOE})"
 
@@ -31,13 +29,13 @@ class Jamba(Decoder):
         **in_block({
             "input_layernorm.weight": T("attn_norm.weight", "n_embd"),
             "pre_ff_layernorm.weight": T("ffn_norm.weight", "n_embd"),
-            **only_where(attention(biases="none"), ATTENTION),
+            **only_where(attention(biases="none"), ATTENTION_LAYER),
             **only_where({
                 **mamba1_mixer("mamba."),
                 "mamba.dt_layernorm.weight": T("ssm_dt_norm.weight", "dt_rank"),
                 "mamba.b_layernorm.weight": T("ssm_b_norm.weight", "d_state"),
                 "mamba.c_layernorm.weight": T("ssm_c_norm.weight", "d_state"),
-            }, MAMBA),
+            }, RECURRENT_LAYER),
             **mlp(biases="none", when=DENSE, prefix="feed_forward."),
             **experts(prefix="feed_forward.", router="router", when=MOE, per_expert=("gate_proj", "up_proj", "down_proj")),
         }),
@@ -64,11 +62,7 @@ class Jamba(Decoder):
     def family_keys(self, keys: ArchKeys) -> None:
         c = self.config
         d_model = c.get_int("hidden_size", min=1)
-        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("mamba_d_conv", default=4, min=1))
-        keys.u32(Keys.SSM.INNER_SIZE, c.get_int("mamba_expand", default=2, min=1) * d_model)
-        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("mamba_d_state", default=16, min=1))
-        rank = c.get("mamba_dt_rank", default="auto")
-        keys.u32(Keys.SSM.TIME_STEP_RANK, -(-d_model // 16) if rank == "auto" else c.get_int("mamba_dt_rank", min=1))
+        mamba1_keys(keys, c, d_model, c.get_int("mamba_expand", default=2, min=1) * d_model, prefix="mamba_")
         expert_keys(keys, c)
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from ggufsmith.arch.base import ArchKeys
 from ggufsmith.arch.decoder import DENSE, ROUTER, SPARSE, Decoder, attention, expert_keys, experts, in_block, mlp
-from ggufsmith.arch.hybrid import only_where
+from ggufsmith.arch.hybrid import ATTENTION_LAYER, RECURRENT_LAYER, depthwise_conv, only_where, recurrent_layers
 from ggufsmith.arch.tensors import Split, T
 from ggufsmith.constants import ExpertGatingFunc, Keys
 from ggufsmith.errors import ConversionError
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
-
-ATTENTION_LAYER = "n_head_kv > 0"
-CONV_LAYER = "n_head_kv == 0"
 
 
 def _renamed(table: dict[str, T], names: dict[str, str]) -> dict[str, T]:
@@ -47,7 +44,7 @@ def _lfm2_table(feed_forward: dict[str, T | Split]) -> dict[str, T | Split]:
                 "conv.conv.weight": T("shortconv.conv.weight", "n_embd", "l_cache"),
                 "conv.in_proj.weight": T("shortconv.in_proj.weight", "3 * n_embd", "n_embd"),
                 "conv.out_proj.weight": T("shortconv.out_proj.weight", "n_embd", "n_embd"),
-            }, CONV_LAYER),
+            }, RECURRENT_LAYER),
         }),
     }
 
@@ -64,11 +61,8 @@ class Lfm2(Decoder):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         c = self.config
-        n_layer = c.get_int("num_hidden_layers", min=1)
-        types = c.get_list("layer_types")
-        if len(types) != n_layer or not all(t in ("conv", "full_attention", "attention") for t in types):
-            raise c.error("layer_types", types, f"{n_layer} of 'conv' / 'full_attention'")
-        self.attention_layers = [t != "conv" for t in types]
+        conv_layers = recurrent_layers(c, c.get_int("num_hidden_layers", min=1), recurrent=("conv",))
+        self.attention_layers = [not conv for conv in conv_layers]
         if c.get_bool("conv_bias", default=False):
             raise ConversionError(f"{c.label}: conv_bias is true; llama.cpp's lfm2 has no short-convolution biases")
 
@@ -94,7 +88,7 @@ class Lfm2(Decoder):
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith("shortconv.conv.weight"):
-            return tensor.reshape(tensor.shape[0], tensor.shape[-1])
+            return depthwise_conv(tensor)
         return tensor
 
 

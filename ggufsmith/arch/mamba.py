@@ -12,31 +12,14 @@ Mamba-2's mixer is shared with the hybrids: see arch/hybrid.py.
 
 from __future__ import annotations
 
-
 from ggufsmith.arch.base import Architecture, ArchKeys
-from ggufsmith.arch.decoder import in_block
-from ggufsmith.arch.hybrid import (MAMBA1_F32, MAMBA2_F32, mamba1_mixer, mamba1_transform, mamba2_keys, mamba2_mixer,
+from ggufsmith.arch.hybrid import (MAMBA1_F32, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba1_keys, mamba1_mixer,
+                                   mamba1_transform, mamba2_keys, mamba2_mixer, mamba2_size,
                                    mamba2_transform)
-from ggufsmith.arch.tensors import T
 from ggufsmith.constants import Keys
 from ggufsmith.readers.lazy_tensor import LazyTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
-
-# HF Mamba configs carry no training context; llama.cpp's converter writes this same arbitrary
-# large value, and a recurrent model is not limited by it.
-MAMBA_CONTEXT_LENGTH = 2**20
-
-
-
-def _backbone(mixer: dict[str, T]) -> dict[str, T]:
-    """The state-spaces checkpoints' layout: embeddings, one norm and one mixer per block, final norm."""
-    return {
-        "backbone.embeddings.weight": T("token_embd.weight", "n_vocab", "n_embd"),
-        "backbone.norm_f.weight": T("output_norm.weight", "n_embd"),
-        "lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True),
-        **in_block({"norm.weight": T("attn_norm.weight", "n_embd"), **mixer}, hf_prefix="backbone.layers.{bid}."),
-    }
 
 
 class Mamba(Architecture):
@@ -45,7 +28,7 @@ class Mamba(Architecture):
     model_types = ("mamba",)
     tokenizer_kind = None  # GPT-NeoX BPE (tokenizer.json) in practice; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = _backbone(mamba1_mixer("mixer."))
+    tensor_names = backbone(mamba1_mixer("mixer."))
     f32_tensors = MAMBA1_F32
 
     def metadata(self) -> Metadata:
@@ -59,9 +42,6 @@ class Mamba(Architecture):
                 f"{c.path}: intermediate_size {d_inner} is not 2 x hidden_size {d_model}; "
                 "llama.cpp's mamba supports only an expansion factor of 2"
             )
-        dt_rank = "auto" if c.get("time_step_rank", "dt_rank", default="auto") == "auto" else c.get_int("time_step_rank", "dt_rank", min=1)
-        if dt_rank == "auto":
-            dt_rank = -(-d_model // 16)  # mamba's own default: ceil(d_model / 16)
         if c.get_bool("use_bias", default=False):
             raise ConversionError(f"{c.path}: use_bias is true; llama.cpp's mamba has no in/out projection biases")
         if not c.get_bool("use_conv_bias", default=True):
@@ -69,16 +49,13 @@ class Mamba(Architecture):
 
         m = Metadata()
         keys = ArchKeys(m, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, d_model)
         # No feed-forward and no attention; llama.cpp's converter writes zeros and so do we.
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)
         keys.u32(Keys.LLM.BLOCK_COUNT, c.get_int("num_hidden_layers", "n_layer", min=1))
-        keys.u32(Keys.SSM.CONV_KERNEL, c.get_int("conv_kernel", "d_conv", default=4, min=1))
-        keys.u32(Keys.SSM.INNER_SIZE, d_inner)
-        keys.u32(Keys.SSM.STATE_SIZE, c.get_int("state_size", "d_state", default=16, min=1))
-        keys.u32(Keys.SSM.TIME_STEP_RANK, dt_rank)
+        mamba1_keys(keys, c, d_model, d_inner)
         keys.f32(Keys.Attention.LAYERNORM_RMS_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         # Plain Mamba normalizes neither dt nor B, C (falcon-mamba does; not claimed here).
         keys.bool(Keys.SSM.DT_B_C_RMS, False)
@@ -96,8 +73,8 @@ class Mamba2(Architecture):
     model_types = ("mamba2",)
     tokenizer_kind = None  # SentencePiece (Codestral) or BPE; detected from the files
     tied_output_head = r"lm_head\.weight"
-    tensor_names = _backbone(mamba2_mixer("mixer."))
-    f32_tensors = MAMBA2_F32
+    tensor_names = backbone(mamba2_mixer("mixer."))
+    f32_tensors = SSM_CONV_F32
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -105,7 +82,7 @@ class Mamba2(Architecture):
             raise ConversionError(f"{c.path}: use_conv_bias is false; llama.cpp's mamba2 requires the conv1d bias")
         m = Metadata()
         keys = ArchKeys(m, self.name)
-        keys.u32(Keys.LLM.CONTEXT_LENGTH, MAMBA_CONTEXT_LENGTH)
+        keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         keys.u32(Keys.LLM.FEED_FORWARD_LENGTH, 0)
         keys.u32(Keys.Attention.HEAD_COUNT, 0)
@@ -115,4 +92,4 @@ class Mamba2(Architecture):
         return m
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
-        return mamba2_transform(name, tensor, self.config.get_int("n_groups", default=8, min=1))
+        return mamba2_transform(name, tensor, mamba2_size(self.config, "n_groups"))

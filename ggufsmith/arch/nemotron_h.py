@@ -18,15 +18,14 @@ Multi-token-prediction layers (`mtp.*`) are left out with a notice (their export
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from ggufsmith.arch.base import Architecture, ArchKeys, MappedTensor
-from ggufsmith.arch.common import reject, without_mtp
-from ggufsmith.arch.decoder import ROUTER, attention, in_block
-from ggufsmith.arch.hybrid import MAMBA2_F32, NO_ROPE_CONTEXT, mamba2_keys, mamba2_mixer, mamba2_transform, only_where
+from ggufsmith.arch.base import Architecture, ArchKeys
+from ggufsmith.arch.common import reject
+from ggufsmith.arch.decoder import ROUTER, attention
+from ggufsmith.arch.hybrid import (ATTENTION_LAYER, NO_ROPE_CONTEXT, SSM_CONV_F32, backbone, mamba2_keys, mamba2_mixer,
+                                   mamba2_size, mamba2_transform, only_where)
 from ggufsmith.arch.rope import rotary_halves_to_pairs
 from ggufsmith.arch.tensors import T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.gguf_writer.metadata import Metadata
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
@@ -35,7 +34,6 @@ from ggufsmith.readers.lazy_tensor import LazyTensor
 # One letter per layer kind, as hybrid_override_pattern writes them; the names of layers_block_type.
 KIND_OF_NAME = {"mamba": "M", "linear_attention": "M", "attention": "*", "full_attention": "*", "mlp": "-", "moe": "E"}
 RECURRENT = "n_head_kv == 0 and n_ff == 0"
-ATTENTION = "n_head_kv > 0"
 FEED_FORWARD = "n_ff > 0"
 MAMBA_NAMES = {"n_heads": ("mamba_num_heads",), "head_dim": ("mamba_head_dim",),
                "n_groups": ("n_groups", "mamba_n_groups"), "d_state": ("ssm_state_size",),
@@ -59,7 +57,7 @@ def layer_kinds(c: HFConfig) -> str:
 
 def _block(moe: bool) -> dict[str, T]:
     mixer = {hf.replace("self_attn.", "mixer."): spec for hf, spec in attention(biases="none").items()}
-    table = {"norm.weight": T("attn_norm.weight", "n_embd"), **only_where(mixer, ATTENTION),
+    table = {**only_where(mixer, ATTENTION_LAYER),
              **only_where(mamba2_mixer("mixer.", conv_bias="optional"), RECURRENT)}
     if not moe:
         ffn = {"mixer.up_proj.weight": T("ffn_up.weight", "n_ff", "n_embd"),
@@ -83,12 +81,7 @@ def _block(moe: bool) -> dict[str, T]:
 
 
 def _table(moe: bool) -> dict[str, T]:
-    table = {"lm_head.weight": T("output.weight", "n_vocab", "n_embd", optional=True)}
-    for prefix in PREFIXES:
-        table[f"{prefix}embeddings.weight"] = T("token_embd.weight", "n_vocab", "n_embd")
-        table[f"{prefix}norm_f.weight"] = T("output_norm.weight", "n_embd")
-        table.update(in_block(_block(moe), hf_prefix=prefix + "layers.{bid}."))
-    return table
+    return {hf: spec for prefix in PREFIXES for hf, spec in backbone(_block(moe), prefix).items()}
 
 
 class NemotronH(Architecture):
@@ -99,7 +92,8 @@ class NemotronH(Architecture):
     tied_output_head = r"lm_head\.weight"
     config_defaults = {"tie_word_embeddings": False}  # NemotronHConfig's default
     tensor_names = _table(moe=False)
-    f32_tensors = MAMBA2_F32
+    f32_tensors = SSM_CONV_F32
+    mtp_prefixes = ("mtp.",)
     dim_names = ("moe_n_embd",)
     moe = False
 
@@ -116,7 +110,7 @@ class NemotronH(Architecture):
                "feed-forward layer as experts)")
         reject(c, c.get_str("mlp_hidden_act", default="relu2") != "relu2", "mlp_hidden_act is not relu2")
         reject(c, c.get_str("mamba_hidden_act", default="silu") != "silu", "mamba_hidden_act is not silu")
-        self.n_group = c.get_int("n_groups", "mamba_n_groups", default=8, min=1)
+        self.n_group = mamba2_size(c, "n_groups", names=MAMBA_NAMES)
 
     def metadata(self) -> Metadata:
         c = self.config
@@ -128,10 +122,10 @@ class NemotronH(Architecture):
         keys.u32(Keys.LLM.CONTEXT_LENGTH, NO_ROPE_CONTEXT)  # no rope: not limited by the training context
         keys.u32(Keys.LLM.EMBEDDING_LENGTH, c.get_int("hidden_size", min=1))
         n_ff = c.get_int("moe_intermediate_size" if self.moe else "intermediate_size", min=1)
-        self._per_layer(m, Keys.LLM.FEED_FORWARD_LENGTH, [n_ff if k in "-E" else 0 for k in self.kinds])
+        keys.array(Keys.LLM.FEED_FORWARD_LENGTH, [n_ff if k in "-E" else 0 for k in self.kinds], GGUFValueType.UINT32)
         keys.u32(Keys.Attention.HEAD_COUNT, c.get_int("num_attention_heads", min=1))
         n_head_kv = c.get_int("num_key_value_heads", min=1)
-        self._per_layer(m, Keys.Attention.HEAD_COUNT_KV, [n_head_kv if k == "*" else 0 for k in self.kinds])
+        keys.array(Keys.Attention.HEAD_COUNT_KV, [n_head_kv if k == "*" else 0 for k in self.kinds], GGUFValueType.UINT32)
         keys.f32(Keys.Attention.LAYERNORM_EPS, c.get_float("layer_norm_epsilon", "rms_norm_eps", default=1e-5, min=0))
         if self.moe:
             self.expert_keys(keys)
@@ -144,9 +138,6 @@ class NemotronH(Architecture):
         if self.moe:
             self.shared_expert_keys(keys)
         return m
-
-    def _per_layer(self, m: Metadata, template: str, values: list[int]) -> None:
-        m.add_array(arch_key(template, self.name), values, GGUFValueType.UINT32)
 
     def expert_keys(self, keys: ArchKeys) -> None:
         """The routing: sigmoid scores, the top-k of score + selection bias within the best groups."""
@@ -167,16 +158,13 @@ class NemotronH(Architecture):
             return rotary_halves_to_pairs(tensor, self.config.get_int("num_key_value_heads", min=1))
         return mamba2_transform(name, tensor, self.n_group)
 
-    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        return super().map_tensors(without_mtp(source, self.config.path))
-
 
 class NemotronHMoe(NemotronH):
     """Nemotron-H with experts ("E" layers): Nemotron 3 Nano / Super."""
 
     name = "nemotron_h_moe"
     tensor_names = _table(moe=True)
-    f32_tensors = ROUTER + MAMBA2_F32
+    f32_tensors = ROUTER + SSM_CONV_F32
     moe = True
 
     def __init__(self, config: HFConfig) -> None:

@@ -26,18 +26,16 @@ converter does with --no-mtp.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
-from ggufsmith.arch.base import ArchKeys, LanguageModelOf, MappedTensor
-from ggufsmith.arch.common import reject, without_mtp
-from ggufsmith.arch.decoder import (Decoder, attention, embeddings, expert_keys, experts, in_block, mlp, norms,
-                                    reject_routing, shared_expert, ROUTER)
+from ggufsmith.arch.base import ArchKeys, LanguageModelOf
+from ggufsmith.arch.common import reject
+from ggufsmith.arch.decoder import ROUTER, Decoder, attention, embeddings, expert_keys, in_block, mlp, norms, reject_routing
 from ggufsmith.arch.gemma import offset_norm
-from ggufsmith.arch.hybrid import negative_exp, only_where, recurrent_layers
+from ggufsmith.arch.hybrid import SSM_CONV_F32, depthwise_conv, negative_exp, only_where, recurrent_layers
+from ggufsmith.arch.qwen_moe import EXPERTS_AND_GATED_SHARED, reject_dense_blocks
 from ggufsmith.arch.tensors import Split, T
-from ggufsmith.constants import GGUFValueType, Keys, arch_key
+from ggufsmith.constants import GGUFValueType, Keys
 from ggufsmith.readers.config import HFConfig
 from ggufsmith.readers.lazy_tensor import LazyTensor
 
@@ -62,15 +60,9 @@ DELTA_NET_STATE = only_where({  # what Qwen3-Next and Qwen3.5 share
 }, DELTA_NET)
 QKV = T("attn_qkv.weight", CONV_CHANNELS, "n_embd", when=DELTA_NET)
 GATE = T("attn_gate.weight", "d_inner", "n_embd", when=DELTA_NET)
-MOE = {
-    **experts(),
-    **shared_expert(),
-    "mlp.shared_expert_gate.weight": T("ffn_gate_inp_shexp.weight", 1, "n_embd"),  # a vector to llama.cpp
-}
 # Qwen3.5's multimodal checkpoints: the vision tower is llama.cpp's mmproj file.
 MULTIMODAL_QWEN35 = LanguageModelOf(prefixes={"model.language_model.": "model."},
                                     skipped={"model.visual.": "the vision tower"})
-MTP_PREFIXES = ("mtp.", "model.mtp.")
 
 
 def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
@@ -83,7 +75,8 @@ def moe_keys(keys: ArchKeys, c: HFConfig) -> None:
 class _GatedDeltaNetHybrid(Decoder):
     """What Qwen3-Next and Qwen3.5 share: the layer pattern, the delta-net's keys and layouts."""
 
-    f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight", r"blk\.\d+\.ssm_conv1d\.weight")
+    f32_tensors = ROUTER + (r"blk\.\d+\.ffn_gate_inp_shexp\.weight",) + SSM_CONV_F32
+    mtp_prefixes = ("mtp.", "model.mtp.")
     dim_names = ("is_recurrent",)
     # Whether llama.cpp's graph shares key heads among value heads by tiling (qwen35: value head j
     # uses key head j % n_k) rather than by HF's grouping (qwen3next: j // (n_v / n_k)).
@@ -117,13 +110,9 @@ class _GatedDeltaNetHybrid(Decoder):
         keys.u32(Keys.SSM.TIME_STEP_RANK, self.n_v)
         keys.u32(Keys.SSM.INNER_SIZE, self.v_dim * self.n_v)
         if self.pattern_given:
-            keys.metadata.add_array(arch_key(Keys.Attention.RECURRENT_LAYERS, self.name), self.recurrent,
-                                    GGUFValueType.BOOL)
+            keys.array(Keys.Attention.RECURRENT_LAYERS, self.recurrent, GGUFValueType.BOOL)
         keys.u32(Keys.LLM.FULL_ATTENTION_INTERVAL, self.interval)
         keys.u32(Keys.Rope.DIMENSION_COUNT, int(self.head_dim * self.rope.partial_rotary_factor()))
-
-    def map_tensors(self, source: Mapping[str, LazyTensor]) -> list[MappedTensor]:
-        return super().map_tensors(without_mtp(source, self.config.path, MTP_PREFIXES))
 
     def transform(self, name: str, tensor: LazyTensor) -> LazyTensor:
         if name.endswith("norm.weight") and not name.endswith(".ssm_norm.weight"):
@@ -131,8 +120,7 @@ class _GatedDeltaNetHybrid(Decoder):
         if name.endswith(".ssm_a"):
             tensor = negative_exp(tensor)
         elif name.endswith(".ssm_conv1d.weight"):
-            channels, _, d_conv = tensor.shape
-            tensor = tensor.reshape(channels, d_conv)
+            tensor = depthwise_conv(tensor)
         if self.tiles_value_heads and self.n_v != self.n_k:
             return self.value_heads_tiled(name, tensor)
         return tensor
@@ -165,7 +153,7 @@ class Qwen3Next(_GatedDeltaNetHybrid):
     tensor_names = {
         **embeddings(),
         **in_block({
-            **NORMS, **GATED_ATTENTION, **DELTA_NET_STATE, **MOE,
+            **NORMS, **GATED_ATTENTION, **DELTA_NET_STATE, **EXPERTS_AND_GATED_SHARED,
             "linear_attn.in_proj_qkvz.weight": Split(QKV, GATE),
             "linear_attn.in_proj_ba.weight": T("ssm_ba.weight", "2 * dt_rank", "n_embd", when=DELTA_NET),
         }),
@@ -175,8 +163,7 @@ class Qwen3Next(_GatedDeltaNetHybrid):
         super().__init__(config)
         c = self.config
         reject_routing(c, normalizes_top_k=True, arch=self.name)
-        reject(c, c.get_int("decoder_sparse_step", default=1) != 1 or bool(c.get_list("mlp_only_layers", default=[])),
-               "decoder_sparse_step / mlp_only_layers make some blocks dense")
+        reject_dense_blocks(c)
 
     def family_keys(self, keys: ArchKeys) -> None:
         moe_keys(keys, self.config)
@@ -224,15 +211,14 @@ class Qwen35(_GatedDeltaNetHybrid):
         rotary_pairs = int(self.head_dim * self.rope.partial_rotary_factor()) // 2
         reject(self.config, sum(sections) > rotary_pairs, f"rope_parameters.mrope_section {sections} spans more "
                f"than the {rotary_pairs} rotary pairs of a head")
-        keys.metadata.add_array(arch_key(Keys.Rope.DIMENSION_SECTIONS, self.name), [*sections, 0, 0, 0][:4],
-                                GGUFValueType.INT32)
+        keys.array(Keys.Rope.DIMENSION_SECTIONS, [*sections, 0, 0, 0][:4], GGUFValueType.INT32)
 
 
 class Qwen35Moe(Qwen35):
     name = "qwen35moe"
     hf_classes = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
     model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
-    tensor_names = {**embeddings(), **in_block({**NORMS, **GATED_ATTENTION, **QWEN35_DELTA_NET, **MOE})}
+    tensor_names = {**embeddings(), **in_block({**NORMS, **GATED_ATTENTION, **QWEN35_DELTA_NET, **EXPERTS_AND_GATED_SHARED})}
 
     def family_keys(self, keys: ArchKeys) -> None:
         moe_keys(keys, self.config)

@@ -20,6 +20,20 @@ from ggufsmith.constants import Keys
 from ggufsmith.readers.config import HFConfig
 
 ATTENTION_AND_NORMS = {hf: spec for hf, spec in llama_decoder(o_bias="none", mlp_biases="none").items() if ".mlp." not in hf}
+# The feed-forward of Qwen2-MoE, Qwen3-Next and Qwen3.5-MoE blocks (relative names): routed experts
+# and a shared expert scaled by sigmoid(shared_expert_gate(x)).
+EXPERTS_AND_GATED_SHARED = {
+    **experts(),
+    **shared_expert(),
+    # Linear(hidden, 1); llama.cpp reads it as a vector, which (n_embd, 1) in ggml's order is
+    "mlp.shared_expert_gate.weight": T("ffn_gate_inp_shexp.weight", 1, "n_embd"),
+}
+
+
+def reject_dense_blocks(c: HFConfig) -> None:
+    """Dense blocks between the sparse ones, which llama.cpp's Qwen MoE graphs do not have."""
+    reject(c, c.get_int("decoder_sparse_step", default=1) != 1 or bool(c.get_list("mlp_only_layers", default=[])),
+           "decoder_sparse_step / mlp_only_layers make some blocks dense")
 
 
 class Qwen2Moe(Decoder):
@@ -29,12 +43,7 @@ class Qwen2Moe(Decoder):
     tensor_names = {
         **ATTENTION_AND_NORMS,
         "lm_head.weight": T("output.weight", "n_vocab", "n_embd"),  # llama.cpp's qwen2moe requires it
-        **in_block({
-            **experts(),
-            **shared_expert(),
-            # Linear(hidden, 1); llama.cpp reads it as a vector, which (n_embd, 1) in ggml's order is
-            "mlp.shared_expert_gate.weight": T("ffn_gate_inp_shexp.weight", 1, "n_embd"),
-        }),
+        **in_block(EXPERTS_AND_GATED_SHARED),
     }
     f32_tensors = (r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight",)
     normalizes_top_k = False  # what llama.cpp's graph does with the top-k routing weights
@@ -42,8 +51,7 @@ class Qwen2Moe(Decoder):
     def __init__(self, config: HFConfig) -> None:
         super().__init__(config)
         reject_routing(config, normalizes_top_k=self.normalizes_top_k, arch=self.name)
-        reject(config, config.get_int("decoder_sparse_step", default=1) != 1 or bool(config.get_list("mlp_only_layers", default=[])),
-               "decoder_sparse_step / mlp_only_layers make some blocks dense")
+        reject_dense_blocks(config)
         reject(config, config.get_bool("use_sliding_window", default=False), "use_sliding_window is set")
 
     def family_keys(self, keys: ArchKeys) -> None:
