@@ -176,6 +176,7 @@ def adapted_tensors(adapter: PeftAdapter, plugin: Architecture, alpha: float) ->
     pairs = {p.weight_name: p for p in adapter.pairs}
     left = {p.weight_name: _scaled_left_factor(adapter, p, alpha) for p in adapter.pairs}
     try:
+        _check_stacked_ranks(config_path, plugin, pairs)
         mapped = plugin.map_tensors(left)
     except ConversionError as e:
         raise ConversionError(f"{config_path}: the adapter does not fit a {plugin.name} base model: {e}") from None
@@ -229,6 +230,21 @@ def _scaled_left_factor(adapter: PeftAdapter, pair: LoraPair, alpha: float) -> L
     return left if math.isclose(factor, 1.0, rel_tol=1e-12) else _scaled(left, factor)
 
 
+def _check_stacked_ranks(config_path: Path, plugin: Architecture, pairs: dict[str, LoraPair]) -> None:
+    """Refuse experts of different ranks that the plugin stacks into one tensor: llama.cpp applies
+    one rank (lora_b's) to a whole stack. Found by laying out placeholders of rank 1 (lazy: nothing
+    is read), which stack whatever the ranks."""
+    probe = {name: LazyTensor((*_left_factor(p).shape[:-1], 1), "F32", lambda: np.zeros(0), name)
+             for name, p in pairs.items()}
+    for m in plugin.map_tensors(probe):
+        group = [pairs[name] for name in m.sources]
+        other = next((p for p in group if p.rank != group[0].rank), None)
+        if other is not None:
+            raise ConversionError(f"{other.a_name} has rank {other.rank}, {group[0].a_name} {group[0].rank}; "
+                                  f"llama.cpp applies one rank to all the experts stacked in {m.name}: "
+                                  "the experts need one rank")
+
+
 def _stacked_right_factor(config_path: Path, plugin: Architecture, mapped, pairs: dict[str, LoraPair]) -> LazyTensor:
     """The right factors of the experts the plugin stacked into one tensor (`experts.{xid}.w1`
     LoRAs of each expert), stacked in its order: lora_a (E, r, in) beside lora_b (E, out, r).
@@ -239,11 +255,6 @@ def _stacked_right_factor(config_path: Path, plugin: Architecture, mapped, pairs
                               f"{len(group) - 1} more into one tensor {mapped.name}; adapters of such tensors "
                               "are not supported yet: merge the adapter into the base model (PEFT "
                               "merge_and_unload) and convert that")
-    other = next((p for p in group if p.rank != group[0].rank or p.embedding), None)
-    if other is not None:
-        raise ConversionError(f"{config_path}: {other.a_name} has rank {other.rank}, {group[0].a_name} "
-                              f"{group[0].rank}; llama.cpp applies one rank to all the experts of {mapped.name}: "
-                              "give the experts one rank (rank_pattern)")
     return LazyTensor.stack([_right_factor(p) for p in group], source=f"{mapped.name}.lora_a")
 
 
