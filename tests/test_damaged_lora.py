@@ -273,6 +273,29 @@ def _parameters_nested_in_an_unknown_order(tmp_path):
     return [adapter, "--base", _mixtral_base(tmp_path)], f"{EXPERTS_MODULE}.base_layer.lora_A.weight"
 
 
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True, "head_dim": 16,
+           "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 131072,
+           "rms_norm_eps": 1e-5, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+           "vocab_size": 600, "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                  "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
+                                                  "rope_type": "yarn", "truncate": False}}
+
+
+def _expert_stack_stored_transposed(tmp_path):
+    """gpt-oss keeps its expert stacks for x @ W ((E, in, out), transformers' is_transposed), which
+    the plugin transposes: PEFT's factors of such a stack cannot follow (refused, not misapplied)."""
+    base = tmp_path / "gpt-oss"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps(GPT_OSS))
+    rng = np.random.default_rng(0)
+    tensors = {f"{PREFIX}{EXPERTS_MODULE}.lora_A.weight": rng.standard_normal((4 * RANK, 64)).astype(np.float32),
+               f"{PREFIX}{EXPERTS_MODULE}.lora_B.weight": rng.standard_normal((64, RANK * 4)).astype(np.float32)}
+    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[], target_parameters=["experts.gate_up_proj"])
+    return [adapter, "--base", base], "ffn_gate_exps"
+
+
 DAMAGE = {f.__name__[1:]: f for f in (
     _missing_config, _config_not_json, _no_weights, _truncated_weights, _bin_not_a_checkpoint,
     _base_not_given, _base_path_gone, _base_id_not_in_cache, _base_id_download_without_a_connection,
@@ -281,7 +304,7 @@ DAMAGE = {f.__name__[1:]: f for f in (
     _lora_b_missing, _ranks_disagree, _unknown_target_module, _shape_mismatch_with_base, _block_past_the_base,
     _embeddings_of_a_tied_base, _convolution_factors, _layout_the_factors_cannot_follow,
     _expert_ranks_differ, _expert_not_adapted, _expert_stack_factors_off_the_rank,
-    _parameters_nested_in_an_unknown_order,
+    _parameters_nested_in_an_unknown_order, _expert_stack_stored_transposed,
 )}
 
 

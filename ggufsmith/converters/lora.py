@@ -233,10 +233,15 @@ def _scaled_left_factor(adapter: PeftAdapter, pair: LoraPair, alpha: float) -> L
 def _check_stacked_ranks(config_path: Path, plugin: Architecture, pairs: dict[str, LoraPair]) -> None:
     """Refuse experts of different ranks that the plugin stacks into one tensor: llama.cpp applies
     one rank (lora_b's) to a whole stack. Found by laying out placeholders of rank 1 (lazy: nothing
-    is read), which stack whatever the ranks."""
+    is read), which stack whatever the ranks. A layout the placeholders do not fit is left to the
+    checks that follow, which name what the factors cannot follow."""
     probe = {name: LazyTensor((*_left_factor(p).shape[:-1], 1), "F32", lambda: np.zeros(0), name)
              for name, p in pairs.items()}
-    for m in plugin.map_tensors(probe):
+    try:
+        mapped = plugin.map_tensors(probe)
+    except ConversionError:
+        return
+    for m in mapped:
         group = [pairs[name] for name in m.sources]
         other = next((p for p in group if p.rank != group[0].rank), None)
         if other is not None:
