@@ -159,10 +159,19 @@ def einsum_sums_are_exact() -> bool:
     return True
 
 
+def _einsum_applies(*operands: np.ndarray) -> bool:
+    """einsum for these operands: wide enough, laid out as the probe checked, and exact here."""
+    return (
+        operands[0].shape[1] >= _EINSUM_MIN_GROUPS
+        and all(operand.flags.c_contiguous for operand in operands)
+        and einsum_sums_are_exact()
+    )
+
+
 def sum_of_products(a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch_terms: np.ndarray) -> np.ndarray:
-    """out = Σ_i a[i]*b[i] over axis 0 from +0.0 in C order, for C-contiguous float32 [n, groups]
-    arrays; `scratch_terms` (same shape) is used when einsum cannot be (einsum_sums_are_exact)."""
-    if a.shape[1] >= _EINSUM_MIN_GROUPS and einsum_sums_are_exact():
+    """out = Σ_i a[i]*b[i] over axis 0 from +0.0 in C order, for float32 [n, groups] arrays;
+    `scratch_terms` (same shape) is used when einsum cannot be (einsum_sums_are_exact)."""
+    if _einsum_applies(a, b):
         return np.einsum("ij,ij->j", a, b, out=out)
     out[...] = sum_from_zero(np.multiply(a, b, out=scratch_terms))
     return out
@@ -172,7 +181,7 @@ def sum_of_triple_products(
     a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray, scratch_terms: np.ndarray
 ) -> np.ndarray:
     """out = Σ_i (a[i]*b[i])*c[i] over axis 0 from +0.0 in C order (see sum_of_products)."""
-    if a.shape[1] >= _EINSUM_MIN_GROUPS and einsum_sums_are_exact():
+    if _einsum_applies(a, b, c):
         return np.einsum("ij,ij,ij->j", a, b, c, out=out)
     terms = np.multiply(a, b, out=scratch_terms)
     terms *= c
