@@ -244,7 +244,8 @@ def _expert_ranks_differ(tmp_path):
 
 def _expert_not_adapted(tmp_path):
     """One expert of two adapted: the stack llama.cpp applies needs every expert's factors."""
-    adapter = write_adapter(tmp_path / "adapter", factors({"model.layers.0.block_sparse_moe.experts.1.w1": (352, 128)}))
+    one_expert = factors({"model.layers.0.block_sparse_moe.experts.1.w1": (352, 128)})
+    adapter = write_adapter(tmp_path / "adapter", one_expert)
     return [adapter, "--base", _mixtral_base(tmp_path)], "ffn_gate_exps"
 
 
@@ -292,7 +293,8 @@ def _expert_stack_stored_transposed(tmp_path):
     rng = np.random.default_rng(0)
     tensors = {f"{PREFIX}{EXPERTS_MODULE}.lora_A.weight": rng.standard_normal((4 * RANK, 64)).astype(np.float32),
                f"{PREFIX}{EXPERTS_MODULE}.lora_B.weight": rng.standard_normal((64, RANK * 4)).astype(np.float32)}
-    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[], target_parameters=["experts.gate_up_proj"])
+    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[],
+                            target_parameters=["experts.gate_up_proj"])
     return [adapter, "--base", base], "ffn_gate_exps"
 
 

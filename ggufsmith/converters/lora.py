@@ -22,8 +22,15 @@ plugin changes, as the base model's own conversion does; tensors it keeps as the
 PEFT scales each module's update by alpha / r (alpha / sqrt(r) with rsLoRA), alpha and r per
 module with alpha_pattern / rank_pattern; llama.cpp by one alpha over each tensor's r. The file's
 alpha is chosen so that modules at the adapter's default r and alpha need nothing else (lora_alpha,
-or lora_alpha * sqrt(r) for rsLoRA); the lora_b of any other module is multiplied by the ratio of
-its scale to llama.cpp's.
+or lora_alpha * sqrt(r) for rsLoRA); the left factor of any other module is multiplied by the ratio
+of its scale to llama.cpp's, before the plugin lays it out.
+
+Mixture-of-experts stacks (ffn_gate_exps, ffn_up_exps, ffn_down_exps: (E, out, in)) take a 3-D
+lora_a (E, r, in) and lora_b (E, out, r), which llama.cpp multiplies by the routed experts' slices
+(build_lora_mm_id) at one alpha / r, r from lora_b. A stack adapted through PEFT's
+target_parameters arrives as stacked factors already (readers/peft_adapter.py) and is laid out as
+any tensor (a fused gate_up splits its lora_b, both halves sharing lora_a); per-expert LoRAs
+(`experts.N.w1`) are stacked by the plugin as the experts' weights are, their right factors beside.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.arch.base import Architecture
+from ggufsmith.arch.base import Architecture, MappedTensor
 from ggufsmith.arch.registry import find_architecture
 from ggufsmith.arch.tensors import Dim, check_declared, model_dims
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
@@ -250,10 +257,11 @@ def _check_stacked_ranks(config_path: Path, plugin: Architecture, pairs: dict[st
                                   "the experts need one rank")
 
 
-def _stacked_right_factor(config_path: Path, plugin: Architecture, mapped, pairs: dict[str, LoraPair]) -> LazyTensor:
+def _stacked_right_factor(config_path: Path, plugin: Architecture, mapped: MappedTensor,
+                          pairs: dict[str, LoraPair]) -> LazyTensor:
     """The right factors of the experts the plugin stacked into one tensor (`experts.{xid}.w1`
-    LoRAs of each expert), stacked in its order: lora_a (E, r, in) beside lora_b (E, out, r).
-    llama.cpp applies one rank to a whole stack (lora_b's), so the experts' ranks must agree."""
+    LoRAs of each expert), stacked in its order: lora_a (E, r, in) beside lora_b (E, out, r). Their
+    ranks agree (_check_stacked_ranks); any other join of several tensors is refused."""
     group = [pairs[name] for name in mapped.sources]
     if len(mapped.tensor.shape) != len(_left_factor(group[0]).shape) + 1 or mapped.tensor.shape[0] != len(group):
         raise ConversionError(f"{config_path}: the {plugin.name} base model joins {mapped.sources[0]} and "

@@ -282,7 +282,8 @@ def _wrapped_parameter(path: Path, name: str, module: str, config: dict[str, Any
         candidates.sort(key=_PARAMETER_ORDER.index)
     if depth >= len(candidates):
         raise ConversionError(f"{path}: tensor {name} is nested {depth + 1} wrappers deep, but target_parameters "
-                              f"names {len(candidates)} parameter(s) of {module}; the adapter does not match its config")
+                              f"names {len(candidates)} parameter(s) of {module}; the adapter does not match its "
+                              "config")
     return f"{module}.{candidates[len(candidates) - 1 - depth]}"
 
 
