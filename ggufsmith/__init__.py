@@ -15,9 +15,10 @@ def convert(src, dst, outtype: str = "f16", arch=None, **options):
     return _convert(src, dst, outtype, arch, **options)
 
 
-def convert_lora(adapter_dir, dst, outtype: str = "f16", base=None, **options):
-    """Convert a PEFT LoRA adapter folder to a GGUF adapter file (`base`: the base model's folder or
-    repository id); see ggufsmith.converters.lora.convert_lora."""
+def convert_lora(adapter_dir, dst=None, outtype: str = "f16", base=None, **options):
+    """Convert a PEFT LoRA adapter folder to a GGUF adapter file (`dst`: a file or a folder, default the
+    adapter's folder; `base`: the base model's folder or repository id); see
+    ggufsmith.converters.lora.convert_lora."""
     from ggufsmith.converters.lora import convert_lora as _convert_lora
 
     return _convert_lora(adapter_dir, dst, outtype, base, **options)

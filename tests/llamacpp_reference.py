@@ -131,8 +131,9 @@ import runpy, sys
 script, conversion_dir, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
 sys.path.insert(0, conversion_dir)
 for outtype in outtypes:
-    outfile = f"{out_dir}/reference-lora-{outtype}.gguf"
-    sys.argv = [script, adapter_dir, "--base", base_dir, "--outfile", outfile, "--outtype", outtype]
+    # no out_dir: no --outfile, the script names the file in the adapter's folder
+    outfile = ["--outfile", f"{out_dir}/reference-lora-{outtype}.gguf"] if out_dir else []
+    sys.argv = [script, adapter_dir, "--base", base_dir, *outfile, "--outtype", outtype]
     runpy.run_path(script, run_name="__main__")
 """
 
@@ -146,6 +147,14 @@ def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
     _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(reference_dir()), str(adapter_dir),
           str(base_dir), str(out_dir), *outtypes], adapter_dir, timeout=1800)
     return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
+
+
+def reference_lora_default_outputs(adapter_dir: Path, base_dir: Path, outtype: str) -> list[Path]:
+    """The files convert_lora_to_gguf.py writes into the adapter's folder when given no --outfile."""
+    before = set(Path(adapter_dir).iterdir())
+    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(lora_converter()), str(reference_dir()),
+          str(adapter_dir), str(base_dir), "", outtype], adapter_dir, timeout=1800)
+    return sorted(set(Path(adapter_dir).iterdir()) - before)
 
 
 def vocab_models_dir() -> Path:

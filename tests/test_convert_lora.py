@@ -39,7 +39,8 @@ import ggufsmith
 from tests.damaged_inputs import CLI_CODE, REPO, run_cli
 from tests.family_models import build_model, llamacpp_logits, relative_error
 from tests.gemma_models import build_model as build_gemma
-from tests.llamacpp_reference import assert_same_file, gguf_contents, reference_lora_conversions
+from tests.llamacpp_reference import (assert_same_file, gguf_contents, reference_lora_conversions,
+                                      reference_lora_default_outputs)
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -155,6 +156,36 @@ def test_cli_writes_the_file_the_api_writes(models, converted, tmp_path):
     dry = run_cli("convert-lora", adapter, tmp_path / "dry.gguf", "--base", base, "--dry-run")
     assert dry.returncode == 0 and "blk.0.attn_q.weight.lora_b" in dry.stdout
     assert not (tmp_path / "dry.gguf").exists()
+
+
+def test_output_named_as_convert_lora_to_gguf_names_it(models, tmp_path):
+    """Without OUT, the file goes into the adapter's folder under the name convert_lora_to_gguf.py gives
+    it there without --outfile (<name>-<TYPE>-LoRA.gguf, from the adapter's folder name and model card),
+    and is that script's file; an existing folder as OUT gets the same name; {ftype} in OUT is the type."""
+    base, adapter, _, _ = models["llama"]
+    theirs_dir, ours_dir = tmp_path / "reference" / adapter.name, tmp_path / "ours" / adapter.name
+    shutil.copytree(adapter, theirs_dir)
+    shutil.copytree(adapter, ours_dir)
+    [theirs] = reference_lora_default_outputs(theirs_dir, base, "f16")
+    assert theirs.name.endswith("-F16-LoRA.gguf")
+    proc = run_cli("convert-lora", ours_dir, "--base", base, "--outtype", "f16")
+    assert proc.returncode == 0, proc.stderr
+    ours = ours_dir / theirs.name
+    assert f"wrote {ours}" in proc.stderr
+    assert_same_file(ours, theirs, KEY_DIFFERENCES)
+
+    into = tmp_path / "into"
+    into.mkdir()
+    dry = run_cli("convert-lora", adapter, into, "--base", base, "--outtype", "f16", "--dry-run")
+    assert dry.returncode == 0 and f"would write {into / theirs.name}" in dry.stderr
+    assert list(into.iterdir()) == []
+    proc = run_cli("convert-lora", adapter, into, "--base", base, "--outtype", "f16")
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in into.iterdir()] == [theirs.name]
+
+    proc = run_cli("convert-lora", adapter, into / "adapter-{ftype}.gguf", "--base", base, "--outtype", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert (into / "adapter-f16.gguf").read_bytes() == ours.read_bytes()  # float32 factors: auto is f16
 
 
 def test_keys_llama_cpp_reads(converted):

@@ -328,3 +328,17 @@ def test_output_is_the_adapter_file(tmp_path):
     proc = run_cli("convert-lora", adapter, target, "--base", EXAMPLE_MODEL)
     assert_clean_failure(proc, "adapter_model.safetensors", target, previous=before)
     shutil.rmtree(adapter)
+
+
+def test_out_may_follow_the_options_or_be_left_out(tmp_path):
+    """Not damage: the catalogue's CLI as users type it. OUT after --base; left out, the file goes into
+    the adapter's folder under the naming convention's name (checked against convert_lora_to_gguf.py's
+    in tests/test_convert_lora.py)."""
+    adapter = write_adapter(tmp_path / "my-adapter", factors())
+    proc = run_cli("convert-lora", adapter, "--base", EXAMPLE_MODEL, tmp_path / "out.gguf", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out.gguf").is_file()
+    proc = run_cli("convert-lora", adapter, "--base", EXAMPLE_MODEL, "--outtype", "f32")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {adapter / 'My-Adapter-F32-LoRA.gguf'}" in proc.stderr
+    assert (adapter / "My-Adapter-F32-LoRA.gguf").read_bytes()[:4] == b"GGUF"

@@ -63,6 +63,18 @@ def params_mixture_of_experts(meta: Path) -> str:
     return "params.json: \"moe\""
 
 
+def params_scaled_rope_of_an_unknown_shape(meta: Path) -> str:
+    """use_scaled_rope without rope_scaling_factor on a shape no Meta release has: the factor (8 or 32)
+    cannot be told, so it is not guessed."""
+    edit_json(meta / "params.json", use_scaled_rope=True)
+    return "params.json: use_scaled_rope is set without rope_scaling_factor, and dim 128 with n_heads 4"
+
+
+def params_rope_scaling_factor_not_a_number(meta: Path) -> str:
+    edit_json(meta / "params.json", use_scaled_rope=True, rope_scaling_factor="32")
+    return "params.json: rope_scaling_factor"
+
+
 def shard_shape_mismatch(meta: Path) -> str:
     def widen(state: dict) -> None:
         wq = state["layers.1.attention.wq.weight"]
@@ -129,7 +141,8 @@ def tiktoken_token_twice(meta: Path) -> str:
 
 
 DAMAGE = [params_json_missing, params_json_not_json, params_of_another_model, params_dim_not_the_tensors,
-          params_mixture_of_experts, shard_shape_mismatch, tensor_missing_from_a_rank, rank_file_missing,
+          params_mixture_of_experts, params_scaled_rope_of_an_unknown_shape,
+          params_rope_scaling_factor_not_a_number, shard_shape_mismatch, tensor_missing_from_a_rank, rank_file_missing,
           unknown_tensor, pickle_not_weights_only, tiktoken_rank_gap, tiktoken_not_base64, tiktoken_token_twice]
 
 

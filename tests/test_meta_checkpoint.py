@@ -14,6 +14,9 @@ then hold the reader to account:
 Llama 3's layout differs: the embedding is split by rows, vocab_size is given and use_scaled_rope
 asks for Llama 3.1's frequency scaling (a rope_freqs tensor); the legacy converter cannot read it,
 so its check is the Hugging Face copy's (the HF config written as transformers' converter writes it).
+The scaling factor is params.json's rope_scaling_factor, else that of the Hugging Face release of the
+model's shape: 32 for Llama 3.2 1B's (the "llama3.2" layout, whose params.json names none), 8 for
+Llama 3.1's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pytest
 
 from tests.family_models import hf_logits, llamacpp_logits, relative_error
 from tests.llamacpp_reference import legacy_converter, reference_env
-from tests.meta_models import LAYOUTS, make_hf_llama, write_meta_folder
+from tests.meta_models import LAYOUTS, make_hf_llama, write_header_only_meta_folder, write_meta_folder
 
 torch = pytest.importorskip("torch")
 
@@ -80,8 +83,29 @@ def test_meta_folder_converts_to_the_tensors_of_its_hugging_face_copy(models, la
     for key, value in hf_keys.items():
         if key.startswith(("llama.", "tokenizer.ggml.tokens", "tokenizer.ggml.scores", "general.file_type")):
             assert meta_keys.get(key) == value, key
-    if layout == "llama3.1":
-        assert "rope_freqs.weight" in meta_tensors_  # use_scaled_rope became Llama 3.1's frequency factors
+    if layout in ("llama3.1", "llama3.2"):
+        assert "rope_freqs.weight" in meta_tensors_  # use_scaled_rope became Llama 3's frequency factors
+
+
+def test_rope_scaling_factor_in_params_json_is_the_one_written(models, tmp_path):
+    """A params.json naming its factor gets that factor's rope_freqs, as the Hugging Face config.json
+    with that factor does, whatever the shape rule would pick."""
+    import json
+    import shutil
+
+    hf_dir, meta_dir = models["llama3.1"]
+    hf16, meta16 = tmp_path / "hf16", tmp_path / "meta16"
+    shutil.copytree(hf_dir, hf16)
+    shutil.copytree(meta_dir, meta16)
+    config = json.loads((hf16 / "config.json").read_text())
+    config["rope_parameters"]["factor"] = 16.0
+    (hf16 / "config.json").write_text(json.dumps(config))
+    params = json.loads((meta16 / "params.json").read_text())
+    (meta16 / "params.json").write_text(json.dumps(params | {"rope_scaling_factor": 16}))
+    from_meta = tensors_of(convert(meta16, tmp_path / "meta16.gguf", "f32"))
+    assert from_meta["rope_freqs.weight"] == tensors_of(convert(hf16, tmp_path / "hf16.gguf", "f32"))["rope_freqs.weight"]
+    factor8 = tensors_of(convert(meta_dir, tmp_path / "meta8.gguf", "f32"))
+    assert from_meta["rope_freqs.weight"] != factor8["rope_freqs.weight"]
 
 
 @pytest.mark.parametrize("outtype", ["f32", "f16"])
@@ -122,3 +146,45 @@ def test_a_single_rank_and_its_split_convert_alike(models, tmp_path):
     one = convert(write_meta_folder(tmp_path / "one", hf_dir, params, axis, ranks=1), tmp_path / "one.gguf", "f16")
     four = convert(write_meta_folder(tmp_path / "four", hf_dir, params, axis, ranks=4), tmp_path / "four.gguf", "f16")
     assert tensors_of(one) == tensors_of(four)
+
+
+# Meta's releases with use_scaled_rope, their params.json as llama-models' sku_list gives it (one block
+# here), the feed-forward width and the rope factor of their Hugging Face config.json.
+RELEASES = {
+    "Llama-3.2-1B": ({"dim": 2048, "n_heads": 32, "n_kv_heads": 8, "ffn_dim_multiplier": 1.5, "multiple_of": 256},
+                     8192, 32.0),
+    "Llama-3.2-3B": ({"dim": 3072, "n_heads": 24, "n_kv_heads": 8, "ffn_dim_multiplier": 1.0, "multiple_of": 256},
+                     8192, 32.0),
+    "Llama-3.1-8B": ({"dim": 4096, "n_heads": 32, "n_kv_heads": 8, "ffn_dim_multiplier": 1.3, "multiple_of": 1024},
+                     14336, 8.0),
+    "Llama-3.3-70B": ({"dim": 8192, "n_heads": 64, "n_kv_heads": 8, "ffn_dim_multiplier": 1.3, "multiple_of": 4096},
+                      28672, 8.0),
+    "Llama-3.1-405B": ({"dim": 16384, "n_heads": 128, "n_kv_heads": 8, "ffn_dim_multiplier": 1.2,
+                        "multiple_of": 4096}, 53248, 8.0),
+}
+
+
+@pytest.mark.parametrize("release", list(RELEASES))
+def test_release_shapes_get_the_rope_factor_of_their_hugging_face_config(release, tmp_path):
+    """A params.json of each release's shape, without rope_scaling_factor as Meta ships them, gets the
+    rope_freqs that transformers computes for the release's config.json (llama3 rope, its factor):
+    llama.cpp divides each rotary frequency by it, so it must be default / scaled frequency."""
+    import ggufsmith
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    shape, intermediate, factor = RELEASES[release]
+    params = shape | {"n_layers": 1, "vocab_size": 128256, "norm_eps": 1e-5, "rope_theta": 500000.0,
+                      "use_scaled_rope": True}
+    folder = write_header_only_meta_folder(tmp_path / release, params, intermediate)
+    plan = ggufsmith.convert(folder, tmp_path / "out.gguf", "bf16", dry_run=True, with_tokenizer=False)
+    [rope_freqs] = [t.tensor.load() for t in plan.tensors if t.name == "rope_freqs.weight"]
+
+    config = transformers.LlamaConfig(
+        hidden_size=shape["dim"], num_attention_heads=shape["n_heads"], max_position_embeddings=131072,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    head_dim = shape["dim"] // shape["n_heads"]
+    default = 1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    np.testing.assert_allclose(rope_freqs, (default / scaled).numpy(), rtol=1e-6)

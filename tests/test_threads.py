@@ -27,7 +27,7 @@ from ggufsmith.converters.quantize_plan import QuantizeRequest
 from ggufsmith.converters.requantize import quantize_gguf
 from ggufsmith.errors import ConversionError
 from ggufsmith.quantize.imatrix import read_imatrix
-from ggufsmith.quantize.presets import get_preset
+from ggufsmith.quantize.presets import PRESETS, get_preset
 from tests.requant_oracle import assert_same_file, llama_quantize
 from tests.test_requantize import imatrices, models  # noqa: F401 - the shared model fixtures
 
@@ -70,6 +70,31 @@ def test_quantize_with_imatrix_across_expert_boundaries(models, imatrices, tmp_p
         ours = tmp_path / f"ours-{threads}.gguf"
         quantize_gguf(f32, ours, QuantizeRequest("Q4_K_M", imatrix=read_imatrix(path)), threads=threads)
         assert_same_file(ours, theirs)
+
+
+# Presets checked against llama-quantize above; Q1_0 has no fallback for the rows of 320 here.
+OTHER_PRESETS = sorted(set(PRESETS) - {"Q4_K_M", "Q6_K", "Q4_0", "Q8_0", "F16", "Q1_0"})
+
+
+@SLOW
+@pytest.mark.parametrize("preset", OTHER_PRESETS)
+def test_every_preset_gives_the_same_file_for_every_worker_count(models, imatrices, tmp_path, monkeypatch, preset):  # noqa: F811
+    """Every other preset (the IQ and ternary types too), with the importance matrix that the
+    lowest-bit ones require: one file whatever the number of threads and processes. Pieces of 37
+    rows (a few per tensor, so that they are converted at once; the 7-row pieces above would
+    make this test minutes long). Which file is right is test_presets.py's and
+    test_requantize.py's business, against llama-quantize."""
+    monkeypatch.setattr(pipeline, "SLICE_ELEMENTS", 37 * 256)
+    monkeypatch.setattr(workers, "PROCESS_MIN_ELEMENTS", 0)
+    _, f32 = models["llama"]
+    path, _, _ = imatrices["llama"]
+    request = QuantizeRequest(preset, imatrix=read_imatrix(path))
+    outputs = []
+    for threads in sorted({1, 2, workers.resolve_workers(None)}):  # the default, when it is neither
+        outputs.append(tmp_path / f"ours-{threads}.gguf")
+        quantize_gguf(f32, outputs[-1], request, threads=threads)
+    for other in outputs[1:]:
+        assert _same_bytes(outputs[0], other), f"{preset}: {other.name} differs from {outputs[0].name}"
 
 
 @pytest.mark.parametrize("outtype", [pytest.param("f32", marks=SLOW), "f16", pytest.param("bf16", marks=SLOW),

@@ -65,9 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parser.parse_args, but for an optional last positional (a command's `optional_last`, as
+    convert-lora's OUT) given after an option: argparse matches it, empty, with the positionals before
+    the option and leaves it over ("convert-lora ADAPTER --base BASE OUT")."""
+    args, extra = parser.parse_known_args(argv)
+    late = getattr(args, "optional_last", None)
+    if late and len(extra) == 1 and not extra[0].startswith("-") and getattr(args, late) is None:
+        setattr(args, late, extra.pop())
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

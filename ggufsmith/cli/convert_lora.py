@@ -12,7 +12,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("src", metavar="ADAPTER_DIR",
                         help="PEFT adapter folder (adapter_config.json and adapter_model.safetensors or .bin)")
-    parser.add_argument("dst", metavar="OUT.gguf", help="GGUF adapter file to write (written whole or not at all)")
+    parser.add_argument("dst", metavar="OUT", nargs="?",
+                        help="GGUF adapter file to write (written whole or not at all), or an existing folder; "
+                             "default: the adapter's folder. In a folder the file is named as convert_lora_to_gguf.py "
+                             "names it (Name-F16-LoRA.gguf); {ftype} in a file name is replaced by the type")
+    parser.set_defaults(optional_last="dst")  # OUT may come after the options too (cli/__init__.py)
     parser.add_argument("--base", metavar="BASE",
                         help="the base model's folder or repository id (only its config.json is read); default: "
                              "the adapter's base_model_name_or_path, a folder or a repository id in the local "

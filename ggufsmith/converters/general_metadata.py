@@ -461,16 +461,30 @@ def naming_fields(metadata: Metadata) -> dict[str, str]:
     }
 
 
-def default_file_name(metadata: Metadata, encoding: str, vocab_only: bool = False) -> str:
-    """The file name the GGUF spec's naming convention gives, as llama.cpp's converter names the file
-    it writes into a folder: <basename or name>-<size label>-<finetune>-<version>-<ENCODING>.gguf,
-    and <basename or name>-<finetune>-<version>-vocab.gguf for a vocab-only file."""
+def default_file_name(metadata: Metadata, encoding: str, vocab_only: bool = False, adapter: bool = False) -> str:
+    """The file name the GGUF spec's naming convention gives, as llama.cpp's converters name the file
+    they write into a folder: <basename or name>-<size label>-<finetune>-<version>-<ENCODING>.gguf,
+    <basename or name>-<finetune>-<version>-vocab.gguf for a vocab-only file, and ...-<ENCODING>-LoRA.gguf
+    for a LoRA adapter (convert_lora_to_gguf.py)."""
     fields = naming_fields(metadata)
     if vocab_only:
         parts = [fields["basename"], fields["finetune"], fields["version"], "vocab"]
     else:
         parts = [fields[k] for k in ("basename", "size_label", "finetune", "version")] + [encoding.upper()]
+    if adapter:
+        parts.append("LoRA")
     return "-".join(p for p in parts if p) + ".gguf"
+
+
+def named_output(dst: Path, metadata: Metadata, encoding: str, *, vocab_only: bool = False,
+                 adapter: bool = False) -> Path:
+    """The file written for the output `dst` once the type is known: in an existing folder, the
+    naming convention's name (default_file_name); a name holding {ftype} ..., filled in; else `dst`."""
+    if dst.is_dir():
+        return dst / default_file_name(metadata, encoding, vocab_only, adapter)
+    if has_type_template(dst.name):
+        return dst.with_name(fill_type_template(dst.name, encoding))
+    return dst
 
 
 # An output name may hold the type to be filled in, as llama.cpp's converter allows

@@ -46,7 +46,7 @@ from ggufsmith.arch.base import Architecture, MappedTensor
 from ggufsmith.arch.registry import find_architecture
 from ggufsmith.arch.tensors import Dim, check_declared, model_dims
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
-from ggufsmith.converters.general_metadata import ParameterCount, general_metadata
+from ggufsmith.converters.general_metadata import ParameterCount, general_metadata, has_type_template, named_output
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, ConversionPlan, PlannedTensor, choose_type, guess_outtype,
                                        outtype_of)
 from ggufsmith.errors import ConversionError
@@ -76,23 +76,33 @@ class AdaptedTensor:
     lora_b: LazyTensor
 
 
-def convert_lora(adapter_dir: str | Path, dst: str | Path, outtype: str = "f16", base: str | Path | None = None, *,
-                 dry_run: bool = False, progress: bool = False, force: bool = False, threads: int | None = None,
-                 model_name: str | None = None, download: bool = False) -> ConversionPlan:
-    """Convert the PEFT LoRA adapter in `adapter_dir` to the GGUF adapter file `dst`; returns the plan.
+def convert_lora(adapter_dir: str | Path, dst: str | Path | None = None, outtype: str = "f16",
+                 base: str | Path | None = None, *, dry_run: bool = False, progress: bool = False, force: bool = False,
+                 threads: int | None = None, model_name: str | None = None, download: bool = False) -> ConversionPlan:
+    """Convert the PEFT LoRA adapter in `adapter_dir` to the GGUF adapter file `dst`; returns the plan
+    (its `output` is the path written).
 
+    `dst` may be an existing folder, or None for the adapter's own folder (as convert_lora_to_gguf.py
+    without --outfile): the file is then named as that script names it,
+    <basename or name>-<size label>-<finetune>-<version>-<TYPE>-LoRA.gguf, from the adapter's model
+    card and folder name; `{ftype}` or `{outtype}` in a file name is replaced by the type.
     `base`: the base model's folder or repository id (only its config.json is read); default: the
     adapter config's base_model_name_or_path, a folder or a repository id in the local Hugging Face
     cache (fetched first only with `download`). `outtype`: f32, f16, bf16, q8_0 or auto (the
     adapter's own 16-bit type). `dst` appears only once complete."""
     if outtype.lower() not in LORA_OUTTYPES:
         raise ConversionError(f"unknown output type {outtype!r} for an adapter; choose one of: {', '.join(LORA_OUTTYPES)}")
-    dst = Path(dst)
+    dst = Path(adapter_dir if dst is None else dst)
+    named_later = dst.is_dir() or has_type_template(dst.name)
     with open_adapter(adapter_dir) as adapter:
-        check_target(dst, adapter.files, force=force)
+        if not named_later:
+            check_target(dst, adapter.files, force=force)  # before any work
         config = HFConfig.from_dir(base_folder(adapter, base, download=download))
         plugin = find_architecture(config)(config)
         plan = make_lora_plan(adapter, plugin, outtype, model_name=model_name)
+        if named_later:  # the type a name says is general.file_type's (MOSTLY_F16: F16)
+            dst = named_output(dst, plan.metadata, plan.file_type.name.partition("_")[2], adapter=True)
+            check_target(dst, adapter.files, force=force)
         plan.output = dst
         if not dry_run:
             from ggufsmith.converters.fanout import write_plans

@@ -22,9 +22,8 @@ from ggufsmith.arch.base import Architecture
 from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
-from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, default_file_name,
-                                                   fill_type_template, general_metadata, has_type_template,
-                                                   read_metadata_overrides)
+from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, general_metadata,
+                                                   has_type_template, named_output, read_metadata_overrides)
 from ggufsmith.readers.file_rows import FileRows
 from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, big_endian_plan,
@@ -361,11 +360,8 @@ def convert(
             big_endian_plan(plan)
         # the type a name says is general.file_type's, as llama.cpp's converter names it (MOSTLY_BF16: BF16)
         encoding = plan.file_type.name.partition("_")[2]
-        if into_folder:
-            dst = dst / default_file_name(plan.metadata, encoding, vocab_only)
-        elif templated:
-            dst = dst.with_name(fill_type_template(dst.name, encoding))
         if into_folder or templated:  # named now that the type is known
+            dst = named_output(dst, plan.metadata, encoding, vocab_only=vocab_only)
             check_target(dst, inputs + checkpoint.files, force=force)
         plan.output = dst
         parts = split_plan(plan, dst, split or SplitRule())

@@ -56,10 +56,22 @@ _JOINED_BY_COLUMNS = ("attention.wo.weight", "feed_forward.w2.weight")
 # Precomputed rotary frequencies some releases store (Llama 1-2): not a weight.
 _IGNORED = ("rope.freqs",)
 
-# Meta's reference code hard-codes Llama 3.1's frequency scaling (use_scaled_rope); later params.json
-# files may name the factor (rope_scaling_factor, 32 for Llama 3.2).
-_LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                 "original_max_position_embeddings": 8192}
+# use_scaled_rope asks for Llama 3.1's frequency scaling, whose constants Meta's reference code
+# (llama-models, models/llama3/model.py: apply_scaling) hard-codes, factor 8 included, for every model.
+# The Hugging Face releases of Llama 3.2 1B and 3B (and Llama Guard 3 1B) were made with factor 32
+# instead (transformers' converter picks it from the version the user names), and params.json does not
+# say which: the factor is read from params.json's rope_scaling_factor (the key Meta's Llama 4 code
+# reads) when given, else told from the model's shape, (dim, n_heads), the one Meta's releases with
+# use_scaled_rope have (llama-models' sku_list), so that llama.cpp gets the rope of the Hugging Face copy.
+_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+_ROPE_FACTOR_OF_RELEASE = {
+    (2048, 32): 32.0,    # Llama 3.2 1B, Llama Guard 3 1B
+    (3072, 24): 32.0,    # Llama 3.2 3B
+    (4096, 32): 8.0,     # Llama 3.1 8B (and Llama 3.2 11B Vision's text model)
+    (8192, 64): 8.0,     # Llama 3.1 70B, Llama 3.3 70B (and Llama 3.2 90B Vision's)
+    (16384, 128): 8.0,   # Llama 3.1 405B
+}
 
 
 def is_meta_checkpoint(model_dir: Path) -> bool:
@@ -202,9 +214,21 @@ def _hf_config(params: HFConfig, tensors: dict[str, LazyTensor]) -> dict:
     # Mistral's params.json gives it; transformers' LlamaConfig always saves it
     config["head_dim"] = params.get_int("head_dim", default=dim // n_heads, min=1)
     if params.get_bool("use_scaled_rope", default=False):
-        factor = params.get_float("rope_scaling_factor", default=_LLAMA31_ROPE["factor"], min=1)
-        config["rope_parameters"] |= _LLAMA31_ROPE | {"factor": factor}
+        config["rope_parameters"] |= _LLAMA3_ROPE | {"factor": _rope_scaling_factor(params, dim, n_heads)}
     return config
+
+
+def _rope_scaling_factor(params: HFConfig, dim: int, n_heads: int) -> float:
+    """use_scaled_rope's factor: params.json's rope_scaling_factor, else that of the Meta release of
+    this shape (see _ROPE_FACTOR_OF_RELEASE); a shape no release has is refused rather than guessed."""
+    if "rope_scaling_factor" in params:
+        return params.get_float("rope_scaling_factor", min=1)
+    factor = _ROPE_FACTOR_OF_RELEASE.get((dim, n_heads))
+    if factor is None:
+        raise ConversionError(f"{params.path}: use_scaled_rope is set without rope_scaling_factor, and dim {dim} with "
+                              f"n_heads {n_heads} is no Llama 3.1-3.3 release's (factor 8, or 32 for Llama 3.2 1B/3B): "
+                              "add \"rope_scaling_factor\" to params.json, or convert the Hugging Face release")
+    return factor
 
 
 def _intermediate_size(params: HFConfig, dim: int) -> int:
