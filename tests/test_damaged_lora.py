@@ -228,12 +228,73 @@ def _layout_the_factors_cannot_follow(tmp_path):
     return [adapter, "--base", base], "attn_qkv"
 
 
-def _experts_joined_into_one_tensor(tmp_path):
-    """Mixtral's experts, one module each in the checkpoint, are one stacked tensor in GGUF."""
-    base = base_with(tmp_path, architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=2,
+def _mixtral_base(tmp_path):
+    return base_with(tmp_path, architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=2,
                      num_experts_per_tok=1)
-    experts = {f"model.layers.0.block_sparse_moe.experts.{i}.w1": (352, 128) for i in range(2)}
-    adapter = write_adapter(tmp_path / "adapter", factors(experts))
+
+
+def _expert_ranks_differ(tmp_path):
+    """Mixtral's per-expert LoRAs are stacked into one lora_a / lora_b, which llama.cpp applies at one
+    rank: experts of different ranks cannot share it."""
+    tensors = factors({"model.layers.0.block_sparse_moe.experts.0.w1": (352, 128)}) | factors(
+        {"model.layers.0.block_sparse_moe.experts.1.w1": (352, 128)}, rank=2)
+    adapter = write_adapter(tmp_path / "adapter", tensors)
+    return [adapter, "--base", _mixtral_base(tmp_path)], "ffn_gate_exps"
+
+
+def _expert_not_adapted(tmp_path):
+    """One expert of two adapted: the stack llama.cpp applies needs every expert's factors."""
+    one_expert = factors({"model.layers.0.block_sparse_moe.experts.1.w1": (352, 128)})
+    adapter = write_adapter(tmp_path / "adapter", one_expert)
+    return [adapter, "--base", _mixtral_base(tmp_path)], "ffn_gate_exps"
+
+
+EXPERTS_MODULE = "model.layers.0.mlp.experts"
+
+
+def _expert_stack_factors_off_the_rank(tmp_path):
+    """target_parameters: lora_A of a ParamWrapper holds experts * r rows; 6 rows do not make r = 4."""
+    rng = np.random.default_rng(0)
+    tensors = {f"{PREFIX}{EXPERTS_MODULE}.lora_A.weight": rng.standard_normal((6, 352)).astype(np.float32),
+               f"{PREFIX}{EXPERTS_MODULE}.lora_B.weight": rng.standard_normal((128, 6)).astype(np.float32)}
+    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[], target_parameters=["experts.down_proj"])
+    return [adapter, "--base", _mixtral_base(tmp_path)], f"{EXPERTS_MODULE}.lora_A.weight"
+
+
+def _parameters_nested_in_an_unknown_order(tmp_path):
+    """Two parameters of one module adapted, named otherwise than transformers' expert stacks: which
+    nested wrapper adapts which cannot be told from the file."""
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for wrapper in (EXPERTS_MODULE, f"{EXPERTS_MODULE}.base_layer"):
+        tensors[f"{PREFIX}{wrapper}.lora_A.weight"] = rng.standard_normal((8, 128)).astype(np.float32)
+        tensors[f"{PREFIX}{wrapper}.lora_B.weight"] = rng.standard_normal((352, 8)).astype(np.float32)
+    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[],
+                            target_parameters=["experts.w_in", "experts.w_gate"])
+    return [adapter, "--base", _mixtral_base(tmp_path)], f"{EXPERTS_MODULE}.base_layer.lora_A.weight"
+
+
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True, "head_dim": 16,
+           "hidden_act": "silu", "hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 131072,
+           "rms_norm_eps": 1e-5, "sliding_window": 128, "swiglu_limit": 7.0, "tie_word_embeddings": False,
+           "vocab_size": 600, "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                                                  "original_max_position_embeddings": 4096, "rope_theta": 150000.0,
+                                                  "rope_type": "yarn", "truncate": False}}
+
+
+def _expert_stack_stored_transposed(tmp_path):
+    """gpt-oss keeps its expert stacks for x @ W ((E, in, out), transformers' is_transposed), which
+    the plugin transposes: PEFT's factors of such a stack cannot follow (refused, not misapplied)."""
+    base = tmp_path / "gpt-oss"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps(GPT_OSS))
+    rng = np.random.default_rng(0)
+    tensors = {f"{PREFIX}{EXPERTS_MODULE}.lora_A.weight": rng.standard_normal((4 * RANK, 64)).astype(np.float32),
+               f"{PREFIX}{EXPERTS_MODULE}.lora_B.weight": rng.standard_normal((64, RANK * 4)).astype(np.float32)}
+    adapter = write_adapter(tmp_path / "adapter", tensors, target_modules=[],
+                            target_parameters=["experts.gate_up_proj"])
     return [adapter, "--base", base], "ffn_gate_exps"
 
 
@@ -244,7 +305,8 @@ DAMAGE = {f.__name__[1:]: f for f in (
     _dora, _pissa_not_converted, _modules_to_save, _full_weight_in_file, _not_lora, _alpha_zero, _trained_biases,
     _lora_b_missing, _ranks_disagree, _unknown_target_module, _shape_mismatch_with_base, _block_past_the_base,
     _embeddings_of_a_tied_base, _convolution_factors, _layout_the_factors_cannot_follow,
-    _experts_joined_into_one_tensor,
+    _expert_ranks_differ, _expert_not_adapted, _expert_stack_factors_off_the_rank,
+    _parameters_nested_in_an_unknown_order, _expert_stack_stored_transposed,
 )}
 
 

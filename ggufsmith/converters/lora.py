@@ -22,8 +22,15 @@ plugin changes, as the base model's own conversion does; tensors it keeps as the
 PEFT scales each module's update by alpha / r (alpha / sqrt(r) with rsLoRA), alpha and r per
 module with alpha_pattern / rank_pattern; llama.cpp by one alpha over each tensor's r. The file's
 alpha is chosen so that modules at the adapter's default r and alpha need nothing else (lora_alpha,
-or lora_alpha * sqrt(r) for rsLoRA); the lora_b of any other module is multiplied by the ratio of
-its scale to llama.cpp's.
+or lora_alpha * sqrt(r) for rsLoRA); the left factor of any other module is multiplied by the ratio
+of its scale to llama.cpp's, before the plugin lays it out.
+
+Mixture-of-experts stacks (ffn_gate_exps, ffn_up_exps, ffn_down_exps: (E, out, in)) take a 3-D
+lora_a (E, r, in) and lora_b (E, out, r), which llama.cpp multiplies by the routed experts' slices
+(build_lora_mm_id) at one alpha / r, r from lora_b. A stack adapted through PEFT's
+target_parameters arrives as stacked factors already (readers/peft_adapter.py) and is laid out as
+any tensor (a fused gate_up splits its lora_b, both halves sharing lora_a); per-expert LoRAs
+(`experts.N.w1`) are stacked by the plugin as the experts' weights are, their right factors beside.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggufsmith.arch.base import Architecture
+from ggufsmith.arch.base import Architecture, MappedTensor
 from ggufsmith.arch.registry import find_architecture
 from ggufsmith.arch.tensors import Dim, check_declared, model_dims
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
@@ -136,14 +143,8 @@ def make_lora_plan(adapter: PeftAdapter, plugin: Architecture, outtype: str = "f
     target, file_type = outtype_of(outtype)
     alpha = file_alpha(adapter)
     planned = []
-    for adapted in adapted_tensors(adapter, plugin):
-        factor = adapter.scale(adapted.pair) * adapted.pair.rank / alpha  # PEFT's scale over llama.cpp's
+    for adapted in adapted_tensors(adapter, plugin, alpha):
         lora_a, lora_b = adapted.lora_a, adapted.lora_b
-        if not math.isclose(factor, 1.0, rel_tol=1e-12):
-            if adapted.name == TOKEN_EMBD:  # the factors of an embedding swap roles: scale its lookup table
-                lora_a = _scaled(lora_a, factor)
-            else:
-                lora_b = _scaled(lora_b, factor)
         for suffix, tensor, source in (("lora_a", lora_a, adapted.pair.a_name), ("lora_b", lora_b, adapted.pair.b_name)):
             ggml_type, note = choose_type(adapted.name, tensor.shape, target, plugin)
             name = f"{adapted.name}.{suffix}"
@@ -184,13 +185,15 @@ def adapter_metadata(adapter: PeftAdapter, plugin: Architecture, alpha: float, m
 
 # -- names and layouts through the base model's plugin -----------------------------------------------
 
-def adapted_tensors(adapter: PeftAdapter, plugin: Architecture) -> list[AdaptedTensor]:
+def adapted_tensors(adapter: PeftAdapter, plugin: Architecture, alpha: float) -> list[AdaptedTensor]:
     """Each adapted module's GGUF tensor and factors, mapped and laid out by the base's plugin,
-    checked against the base model's config; one-line errors for what llama.cpp cannot apply."""
+    checked against the base model's config; one-line errors for what llama.cpp cannot apply.
+    The left factors carry PEFT's scale over llama.cpp's (alpha / r under the file's `alpha`)."""
     config_path = adapter.config_path
-    left = {p.weight_name: _left_factor(p) for p in adapter.pairs}
     pairs = {p.weight_name: p for p in adapter.pairs}
+    left = {p.weight_name: _scaled_left_factor(adapter, p, alpha) for p in adapter.pairs}
     try:
+        _check_stacked_ranks(config_path, plugin, pairs)
         mapped = plugin.map_tensors(left)
     except ConversionError as e:
         raise ConversionError(f"{config_path}: the adapter does not fit a {plugin.name} base model: {e}") from None
@@ -202,26 +205,21 @@ def adapted_tensors(adapter: PeftAdapter, plugin: Architecture) -> list[AdaptedT
     for m in mapped:
         if not m.sources:
             continue  # computed from the config (rope_freqs): not part of the adapter
-        if len(m.sources) > 1:
-            raise ConversionError(f"{config_path}: the {plugin.name} base model joins {m.sources[0]} and "
-                                  f"{len(m.sources) - 1} more into one tensor {m.name}; adapters of such tensors "
-                                  "are not supported yet: merge the adapter into the base model (PEFT "
-                                  "merge_and_unload) and convert that")
         pair = pairs[m.sources[0]]
-        mapped_sources.add(pair.weight_name)
+        mapped_sources.update(m.sources)
         _refuse_unappliable(config_path, plugin, m.name, pair, tied)
         kind = (re.sub(r"\.\d+\.", ".#.", pair.weight_name), pair.a.shape, pair.b.shape)
         if m.tensor is not left[pair.weight_name] and kind not in checked:  # laid out otherwise than stored
             checked.add(kind)
             _check_row_layout(config_path, plugin, pair)
-        right = _right_factor(pair)
-        shape = (m.tensor.shape[0], right.shape[1])
+        right = _right_factor(pair) if len(m.sources) == 1 else _stacked_right_factor(config_path, plugin, m, pairs)
+        shape = (*m.tensor.shape[:-1], right.shape[-1])
         check_declared(plugin.tensor_names, m.name, shape, [f"{pair.weight_name} in the adapter"], dims,
                        plugin.config.label)
         if pair.embedding:  # llama.cpp looks its rows up by token: (vocab, r); lora_b as PEFT's B (dim, r)
             adapted.append(AdaptedTensor(m.name, pair, m.tensor, pair.b))
         else:
-            adapted.append(AdaptedTensor(m.name, pair, pair.a, m.tensor))
+            adapted.append(AdaptedTensor(m.name, pair, right, m.tensor))
     dropped = [name for name in pairs if name not in mapped_sources]
     if dropped:
         raise ConversionError(f"{config_path}: the adapter adapts {dropped[0]}, which the {plugin.name} base model "
@@ -237,6 +235,50 @@ def _left_factor(pair: LoraPair) -> LazyTensor:
 
 def _right_factor(pair: LoraPair) -> LazyTensor:
     return pair.b.swap_last_axes() if pair.embedding else pair.a
+
+
+def _scaled_left_factor(adapter: PeftAdapter, pair: LoraPair, alpha: float) -> LazyTensor:
+    """The left factor times PEFT's scale over llama.cpp's alpha / r: 1 for the modules of the
+    adapter's own r and alpha. Scaling rows commutes with every layout change the plugin may make
+    (those are checked to be row operations), and per module it serves experts stacked into one
+    tensor, whose lora_b llama.cpp scales by one alpha / r."""
+    factor = adapter.scale(pair) * pair.rank / alpha
+    left = _left_factor(pair)
+    return left if math.isclose(factor, 1.0, rel_tol=1e-12) else _scaled(left, factor)
+
+
+def _check_stacked_ranks(config_path: Path, plugin: Architecture, pairs: dict[str, LoraPair]) -> None:
+    """Refuse experts of different ranks that the plugin stacks into one tensor: llama.cpp applies
+    one rank (lora_b's) to a whole stack. Found by laying out placeholders of rank 1 (lazy: nothing
+    is read), which stack whatever the ranks. A layout the placeholders do not fit is left to the
+    checks that follow, which name what the factors cannot follow."""
+    probe = {name: LazyTensor((*_left_factor(p).shape[:-1], 1), "F32", lambda: np.zeros(0), name)
+             for name, p in pairs.items()}
+    try:
+        mapped = plugin.map_tensors(probe)
+    except ConversionError:
+        return
+    for m in mapped:
+        group = [pairs[name] for name in m.sources]
+        other = next((p for p in group if p.rank != group[0].rank), None)
+        if other is not None:
+            raise ConversionError(f"{other.a_name} has rank {other.rank}, {group[0].a_name} {group[0].rank}; "
+                                  f"llama.cpp applies one rank to all the experts stacked in {m.name}: "
+                                  "the experts need one rank")
+
+
+def _stacked_right_factor(config_path: Path, plugin: Architecture, mapped: MappedTensor,
+                          pairs: dict[str, LoraPair]) -> LazyTensor:
+    """The right factors of the experts the plugin stacked into one tensor (`experts.{xid}.w1`
+    LoRAs of each expert), stacked in its order: lora_a (E, r, in) beside lora_b (E, out, r). Their
+    ranks agree (_check_stacked_ranks); any other join of several tensors is refused."""
+    group = [pairs[name] for name in mapped.sources]
+    if len(mapped.tensor.shape) != len(_left_factor(group[0]).shape) + 1 or mapped.tensor.shape[0] != len(group):
+        raise ConversionError(f"{config_path}: the {plugin.name} base model joins {mapped.sources[0]} and "
+                              f"{len(group) - 1} more into one tensor {mapped.name}; adapters of such tensors "
+                              "are not supported yet: merge the adapter into the base model (PEFT "
+                              "merge_and_unload) and convert that")
+    return LazyTensor.stack([_right_factor(p) for p in group], source=f"{mapped.name}.lora_a")
 
 
 def _refuse_unappliable(config_path: Path, plugin: Architecture, name: str, pair: LoraPair, tied: bool) -> None:
@@ -281,17 +323,17 @@ def _check_row_layout(config_path: Path, plugin: Architecture, pair: LoraPair) -
     (L laid out) @ R, part by part."""
     rng = np.random.default_rng(0)
     rank = pair.rank
-    rows = _left_factor(pair).shape[0]
-    columns = _right_factor(pair).shape[1]
-    left = rng.standard_normal((rows, rank)).astype(np.float32)
-    right = rng.standard_normal((rank, columns)).astype(np.float32)
+    *experts, rows, _ = _left_factor(pair).shape  # experts: (E,) for the stacked experts of one parameter
+    columns = _right_factor(pair).shape[-1]
+    left = rng.standard_normal((*experts, rows, rank)).astype(np.float32)
+    right = rng.standard_normal((*experts, rank, columns)).astype(np.float32)
     name = pair.weight_name
     whole = {m.name: m.tensor for m in plugin.map_tensors({name: LazyTensor.from_array(left @ right)}) if m.sources}
     factor = {m.name: m.tensor for m in plugin.map_tensors({name: LazyTensor.from_array(left)}) if m.sources}
     for gguf_name, tensor in whole.items():
         expected = tensor.load()
         laid_out = factor[gguf_name].load()
-        follows = (laid_out.ndim == 2 and laid_out.shape[1] == rank and expected.shape == (laid_out.shape[0], columns)
+        follows = (laid_out.shape[-1] == rank and expected.shape == (*laid_out.shape[:-1], columns)
                    and np.allclose(laid_out.astype(np.float64) @ right, expected, rtol=1e-4, atol=1e-4 * rank))
         if not follows:
             raise ConversionError(
