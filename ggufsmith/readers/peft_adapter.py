@@ -95,6 +95,15 @@ class LoraPair:
         return self.weight_name.removesuffix(".weight")
 
 
+def pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
+    """The value of the first of PEFT's alpha_pattern / rank_pattern entries that matches the end of
+    a module's (or parameter's) name, as peft.utils.other.get_pattern_key picks it; else `default`."""
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", name):
+            return value
+    return default
+
+
 @dataclass
 class PeftAdapter:
     """An opened adapter folder. Close it (or use `with`) to release the file map."""
@@ -118,11 +127,9 @@ class PeftAdapter:
     def alpha(self, pair: LoraPair | None = None) -> float:
         """lora_alpha, or the alpha_pattern entry PEFT picks for the pair's module (the first pattern
         that matches the end of its name, as peft.utils.other.get_pattern_key)."""
-        if pair is not None:
-            for pattern, alpha in self.config.get("alpha_pattern", {}).items():
-                if re.match(rf"(.*\.)?({pattern})$", pair.module):
-                    return float(alpha)
-        return float(self.config["lora_alpha"])
+        if pair is None:
+            return float(self.config["lora_alpha"])
+        return float(pattern_value(self.config.get("alpha_pattern", {}), pair.module, self.config["lora_alpha"]))
 
     def close(self) -> None:
         for f in self._open_files:
@@ -205,7 +212,7 @@ def _pairs(path: Path, tensors: dict[str, LazyTensor], config: dict[str, Any]) -
     """The adapter's tensors paired by module, each checked: two factors of matching rank."""
     halves: dict[str, dict[str, tuple[str, LazyTensor]]] = {}
     embedding_of: dict[str, bool] = {}
-    parameter_of: dict[str, str] = {}  # weight name -> the targeted parameter's name, for ParamWrapper pairs
+    wrapped: set[str] = set()  # the parameters adapted through ParamWrapper (target_parameters)
     for name, tensor in tensors.items():
         if name.endswith(_BASE_LAYER_COPY):
             continue  # the base model's own embedding, saved beside its factors
@@ -221,7 +228,7 @@ def _pairs(path: Path, tensors: dict[str, LazyTensor], config: dict[str, Any]) -
         parameter = _wrapped_parameter(path, name, module, config)
         if parameter is not None:
             weight_name = parameter
-            parameter_of[weight_name] = parameter
+            wrapped.add(parameter)
         if len(tensor.shape) != 2:
             raise ConversionError(f"{path}: tensor {name} has shape {list(tensor.shape)}; LoRA factors of a "
                                   "linear or embedding layer are matrices (convolution adapters are not supported)")
@@ -237,7 +244,7 @@ def _pairs(path: Path, tensors: dict[str, LazyTensor], config: dict[str, Any]) -
         if a.shape[0] != b.shape[1]:
             raise ConversionError(f"{path}: {a_name} has rank {a.shape[0]} (shape {list(a.shape)}) but {b_name} "
                                   f"has rank {b.shape[1]} (shape {list(b.shape)}); the adapter is damaged")
-        if weight_name in parameter_of:
+        if weight_name in wrapped:
             a, b = _unflattened_experts(path, config, weight_name, (a_name, a), (b_name, b))
             if a.shape[-2] != b.shape[-1]:
                 raise ConversionError(f"{path}: {a_name} has rank {a.shape[-2]} but {b_name} has rank {b.shape[-1]}; "
@@ -293,11 +300,7 @@ def _unflattened_experts(path: Path, config: dict[str, Any], parameter: str, a: 
     (E, r, in) and (E, out, r); a 2-D parameter (E = 1) keeps its factors as a linear layer's.
     r is the adapter's for this parameter (rank_pattern, else r)."""
     (a_name, a_tensor), (b_name, b_tensor) = a, b
-    rank = config.get("r", 8)
-    for pattern, value in config.get("rank_pattern", {}).items():
-        if re.match(rf"(.*\.)?({pattern})$", parameter):
-            rank = value
-            break
+    rank = pattern_value(config.get("rank_pattern", {}), parameter, config.get("r", 8))
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ConversionError(f"{path.parent / ADAPTER_CONFIG}: the rank of {parameter} is {shown(rank)}; "
                               "expected a positive integer")
