@@ -79,14 +79,14 @@ def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     weights = None
     if importance is not None:
         weights = importance_by_position(importance, GROUP, rows.shape[0])
-    group_scales, levels = make_qx_quants(x, 32, weights)
+    group_scales, search_levels = make_qx_quants(x, 32, weights)  # position-major
 
     amax, max_scale, by_block = _super_scale(group_scales)
     iscale = np.float32(-128) / max_scale
     d_bytes, d = fp16_round_trip(np.float32(1) / iscale)
     scales = np.minimum(127, nearest_int(iscale[:, None] * by_block)).astype(np.int8)
     group_scale = (d[:, None] * scales.astype(np.float32)).reshape(-1)
-    levels = _requantize(rows.reshape(-1, GROUP), lambda groups: levels[:, groups].T, group_scale, 32)
+    levels = _requantize(rows.reshape(-1, GROUP), lambda groups: search_levels[:, groups].T, group_scale, 32)
     levels = levels.reshape(n_blocks, QK_K)
 
     quarters = levels.reshape(n_blocks, 2, 4, 32)  # [block, half of 128, quarter of 32, value]

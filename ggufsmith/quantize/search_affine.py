@@ -12,8 +12,9 @@ float32 arithmetic step for step, but on all blocks of a chunk at once:
   of its intended range (huge, inf, NaN from degenerate blocks) round as they do in ggml; where a
   bound proves every value is within that range, np.rint (also round-half-even) does it faster.
 
-All arithmetic stays float32, without fused multiply-add (see numerics.py). The searches run on batches of at most SEARCH_BATCH_ELEMENTS inputs
-(a whole K-quant chunk); callers hold a few arrays of the registry's chunk size.
+All arithmetic stays float32, without fused multiply-add (see numerics.py). The searches run on
+batches of at most SEARCH_BATCH_ELEMENTS inputs (a whole K-quant chunk); callers hold a few arrays
+of the registry's chunk size.
 """
 
 from __future__ import annotations
@@ -129,10 +130,9 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
             return sum_of_products(np.abs(diff, out=diff), w, out, tmp2)
         return sum_of_triple_products(diff, diff, w, out, tmp2)
 
-    # The kept fit of each block: the candidate's iscale and min its levels were rounded with,
-    # its error, scale and min. A candidate's values are written into the rows of `trial` and
-    # the winners copied over in one call.
-    # ROUNDED_MIN is the min a candidate's levels were rounded with (the kept min before it won).
+    # The kept fit of each block: the candidate's iscale, its error, scale and min, and the min its
+    # levels were rounded with (ROUNDED_MIN: the kept min before it won). A candidate's values are
+    # written into the rows of `trial` and the winners copied over together.
     ISCALE, ERROR, SCALE, MIN, ROUNDED_MIN = range(5)
     kept = np.empty((5, n_blocks), dtype=F32)
     trial = np.empty((5, n_blocks), dtype=F32)
