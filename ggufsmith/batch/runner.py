@@ -48,7 +48,7 @@ class OutputResult:
 def gguf_file_name(metadata, outtype: str, pattern: str | None = None, source: str = "") -> str:
     """The output's file name: the GGUF naming convention <BaseName>-<SizeLabel>-<FineTune>-<Version>-<Type>.gguf
     from the general.* keys (general.name when there is no basename), or `pattern` with those fields."""
-    from ggufsmith.converters.general_metadata import default_file_name, naming_fields
+    from ggufsmith.converters.output_names import default_file_name, naming_fields
 
     if pattern is None:
         return default_file_name(metadata, outtype)

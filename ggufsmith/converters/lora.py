@@ -46,7 +46,8 @@ from ggufsmith.arch.base import Architecture, MappedTensor
 from ggufsmith.arch.registry import find_architecture
 from ggufsmith.arch.tensors import Dim, check_declared, model_dims
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, Keys
-from ggufsmith.converters.general_metadata import ParameterCount, general_metadata, has_type_template, named_output
+from ggufsmith.converters.general_metadata import ParameterCount, general_metadata
+from ggufsmith.converters.output_names import has_type_template, named_output
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, ConversionPlan, PlannedTensor, choose_type, guess_outtype,
                                        outtype_of)
 from ggufsmith.errors import ConversionError

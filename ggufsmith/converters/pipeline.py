@@ -23,7 +23,8 @@ from ggufsmith.arch.registry import find_architecture, get_architecture
 from ggufsmith.constants import GGML_QUANTIZATION_VERSION, GGMLType, Keys
 from ggufsmith.readers.checkpoint import Checkpoint, open_checkpoint
 from ggufsmith.converters.general_metadata import (MetadataOverrides, count_parameters, general_metadata,
-                                                   has_type_template, named_output, read_metadata_overrides)
+                                                   read_metadata_overrides)
+from ggufsmith.converters.output_names import has_type_template, named_output
 from ggufsmith.readers.file_rows import FileRows
 from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.converters.plan import (AUTO_OUTTYPE, OUTTYPES, ConversionPlan, PlannedTensor, big_endian_plan,
