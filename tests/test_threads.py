@@ -140,6 +140,30 @@ def test_convert_from_half_precision_reads_rows_in_the_worker_processes(models, 
         assert_same_file(ours, theirs)
 
 
+def test_quantize_from_f16_reads_rows_in_the_worker_processes(models, tmp_path, many_pieces, monkeypatch):  # noqa: F811
+    """An F16 GGUF's rows are read and widened by the quantizer processes themselves, as a
+    checkpoint's are (readers/file_rows.py): this process decodes none of the K-quants' rows (only
+    those of the tensors whose rows of 320 fall back to a legacy type, quantized in threads), and
+    every worker count gives llama-quantize's file from the same F16 file."""
+    import ggufsmith.readers.gguf_source as gguf_source
+
+    _, f32 = models["llama"]
+    f16, theirs = tmp_path / "f16.gguf", tmp_path / "theirs.gguf"
+    quantize_gguf(f32, f16, "F16", threads=1)
+    assert llama_quantize(f16, theirs, get_preset("Q4_K_M").file_type) == 0
+    decoded_here = []
+    decode = gguf_source.dequantize
+    monkeypatch.setattr(gguf_source, "dequantize", lambda data, ggml_type, shape: (
+        decoded_here.append((GGMLType(ggml_type).name, shape[-1])), decode(data, ggml_type, shape))[1])
+    for threads in WORKER_COUNTS:
+        decoded_here.clear()
+        ours = tmp_path / f"ours-{threads}.gguf"
+        quantize_gguf(f16, ours, "Q4_K_M", threads=threads)
+        assert_same_file(ours, theirs)
+        decoded_f16 = {row_length for ggml_type, row_length in decoded_here if ggml_type == "F16"}
+        assert decoded_f16 == ({320} if workers.resolve_workers(threads) > 1 else {256, 320})
+
+
 def test_cli_threads_option(models, tmp_path):  # noqa: F811
     _, f32 = models["llama"]
     runs = {}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ggufsmith.constants import GGUF_INTEGER_TYPES, GGMLType, GGUFValueType, Keys, arch_key
+from ggufsmith.readers.file_rows import READABLE_DTYPES, FileRows
 from ggufsmith.readers.lazy_tensor import EncodedTensor
 from ggufsmith.errors import ConversionError
 from ggufsmith.gguf_writer.metadata import Metadata
@@ -60,6 +61,11 @@ def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor
     def whole() -> np.ndarray:
         return _finite(t.to_float32(), "its values")
 
+    def file_rows(start: int, stop: int) -> FileRows:
+        # F32/F16/BF16 rows a quantizer process reads and widens itself (readers/file_rows.py);
+        # a NaN among them is refused there, by the quantizer's own check, naming the tensor
+        return FileRows(str(path), t.offset + start * row_bytes, t.ggml_type.name, stop - start, row_length)
+
     def _finite(values: np.ndarray, where: str) -> np.ndarray:
         # A NaN or infinity would be quantized into a block llama.cpp's loader rejects (or that
         # computes NaN): refuse it here, naming the tensor, as llama-quantize refuses it.
@@ -68,8 +74,9 @@ def gguf_tensor(t: ReaderTensor, path: Path, split_index: int = 0) -> GGUFTensor
         return values
 
     return GGUFTensor(
-        shape=t.shape, dtype=t.ggml_type.name, loader=whole, source=f"{path.name}:{t.name}",
+        shape=t.shape, dtype=t.ggml_type.name, loader=whole, source=f"{path}:{t.name}",
         rows_loader=rows, stored_type=t.ggml_type, raw_loader=raw, split_index=split_index,
+        file_rows=file_rows if t.ggml_type.name in READABLE_DTYPES and len(t.shape) >= 2 else None,
     )
 
 
