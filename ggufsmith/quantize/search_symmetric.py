@@ -10,7 +10,6 @@ are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -134,22 +133,20 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
     with np.errstate(all="ignore"):
         amax, signed_max = signed_max_abs(x, finite=True)  # the registry checked it
         iscale = np.float32(-nmax) / signed_max
-        # Only groups whose largest value is negative can move (see _Q3Moves): _Q3Moves makes
-        # their start itself, on their gathered columns. The others only need the start's sums,
-        # made here on tiles of their gathered columns so that the arrays stay in cache.
-        can_move = iscale > 0
-        movers, settled = np.flatnonzero(can_move), np.flatnonzero(~can_move)
-        for start in range(0, settled.size, Q3_TILE_GROUPS):
-            tile = settled[start : start + Q3_TILE_GROUPS]
-            shape = (n, tile.size)
-            x_tile = np.take(x, tile, axis=1, out=scratch("q3.start_x", shape), mode="clip")
+        # The start's sums, tile by tile so that their arrays stay in cache.
+        for start in range(0, n_groups, Q3_TILE_GROUPS):
+            tile = slice(start, start + Q3_TILE_GROUPS)
+            shape = (n, min(n_groups, start + Q3_TILE_GROUPS) - start)
+            x_tile = x[:, tile]
             start_levels = _clamped_levels(iscale[tile], x_tile, nmax, finite=True, out=scratch("q3.start", shape))
             terms_lx, terms_l2 = _terms(x_tile, start_levels, scratch("q3.terms_lx", shape), scratch("q3.terms_l2", shape))
             sum_lx[tile] = sum_from_zero(terms_lx)
             sum_l2[tile] = sum_from_zero(terms_l2)
+        # Only groups whose largest value is negative can move (see _Q3Moves).
+        movers = np.flatnonzero(iscale > 0)
         moves = None
         if movers.size:
-            moves = _Q3Moves(x, iscale, movers, nmax)
+            moves = _Q3Moves(by_group, iscale, movers, sum_lx, sum_l2, nmax)
             moves.run()
             sum_lx[movers], sum_l2[movers] = moves.final_sums
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, np.float32(0))
@@ -162,7 +159,7 @@ def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.n
             if moves is not None:
                 at = np.minimum(np.searchsorted(movers, groups), movers.size - 1)
                 moved = movers[at] == groups
-                levels[moved] = moves.final_levels[:, at[moved]].T
+                levels[moved] = moves.final_levels[at[moved]]
             levels += np.float32(nmax)
             out = levels.astype(np.uint8)
         out[all_zero[groups]] = 0
@@ -183,14 +180,16 @@ def _terms(x: np.ndarray, levels: np.ndarray, out_lx: np.ndarray, out_l2: np.nda
 
 
 def _indices(mask: np.ndarray) -> np.ndarray:
-    """np.flatnonzero(mask) without its Python layers (~0.6 us a call; a round makes several)."""
+    """np.flatnonzero(mask) without its Python layers (~0.6 us a call; a round makes five)."""
     return mask.reshape(-1).nonzero()[0]
 
 
-# ggml's nearest_int adds 1.5 * 2**23 and keeps the low 23 bits of the sum's bit pattern.
-_ROUNDING_MAGIC = np.float32(12582912.0)
-# nearest_int's result is those bits minus 2**22: _Q3Moves keeps levels with that bias.
-_LEVEL_BIAS = np.int32(0x400000)
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """For sorted keys, True where a run of equal keys starts."""
+    first = np.empty(keys.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    return first
 
 
 class _Q3Moves:
@@ -203,7 +202,7 @@ class _Q3Moves:
     nothing moves, its first sweep ends it. Only groups with a negative largest value get here.
 
     A group's state (levels, the two running sums) only changes when a move is accepted, which is
-    rare. So rather than stepping through the 16 positions of a sweep with ~30 small numpy calls
+    rare. So rather than stepping through the 16 positions of a sweep with ~25 small numpy calls
     each, each round computes, for every group still here, the move ggml would propose and whether
     it would accept it at every position from the current state, and applies each group's first
     accepted move in ggml's order: the positions before it in the sweep were computed from the same
@@ -213,69 +212,39 @@ class _Q3Moves:
     the group is settled and leaves. A group that does not move in the first round leaves then, so
     every group in a later round has moved in its current sweep.
 
-    Everything is position-major, [n, groups], so that every dense pass is a contiguous vector
-    over the groups with the per-group sums broadcast along the outer axis (numpy's fast form; the
-    group-major [groups, n] - [groups, 1] form ran ~4x slower). The dense passes go as far as the
-    rounded, clamped proposal compared with the level; only the few positions where it differs
-    (~1 in 30 in the first round) go on to ggml's acceptance test.
-
-    The per-position state is four fields, [4, n, groups]: x, the levels as nearest_int's biased
-    bits (level + 2**22 as int32, viewed in the float32 field: compared with the rounded
-    proposal's bits as they are), and the terms w*x*L and w*L*L as ggml adds and removes them
-    (kept as computed, so that they are removed bit for bit); the per-group state is the running
-    sums [2, groups] and the group's index among the movers, its sweep and where its sweep
-    continues [3, groups]. Each accepted move is also written through to final_levels
-    ([n, movers], float32 levels) and final_sums ([2, movers]), so that a group leaving needs
-    nothing but to be dropped: dropping is three takes into the other of two buffers.
+    The per-position state is four group-major fields, [4, groups, n]: x, L, and the terms w*x*L
+    and w*L*L as ggml adds and removes them (kept as computed, so that they are removed bit for
+    bit); the per-group state is the running sums [2, groups] and the group's index among the
+    movers, its sweep and where its sweep continues [3, groups]. Each accepted move is also
+    written through to final_levels and final_sums (every mover, in mover order), so that a group
+    leaving needs nothing but to be dropped: the rounds after the first are mostly per-call
+    overhead, and dropping is three takes into the other of two buffers.
     """
 
     SWEEPS = 5
+    X, LEVELS, TERMS_LX, TERMS_L2 = range(4)
+    MOVER, SWEEP, RESUME = range(3)
 
-    def __init__(self, x, iscale, movers, nmax):
-        n, n_movers = x.shape[0], movers.size
+    def __init__(self, by_group, iscale, movers, sum_lx, sum_l2, nmax):
+        n_movers, n = movers.size, by_group.shape[1]
         self.n, self.nmax, self.parity, self.first_round = n, nmax, 0, True
-        # Flat buffers at the first round's size, shaped to each round's (a scratch() call costs
-        # ~4 us, a dozen a round): the round's dense passes and the state's two halves.
-        self.buffers = {
-            name: scratch(f"q3.{name}", (size,), dtype)
-            for name, size, dtype in (
-                ("slx", n * n_movers, np.float32),
-                ("sl2", n * n_movers, np.float32),
-                ("proposal", n * n_movers, np.float32),
-                ("changes", n * n_movers, bool),
-                *((f"state.{half}", 4 * n * n_movers, np.float32) for half in (0, 1)),
-                *((f"sums.{half}", 2 * n_movers, np.float32) for half in (0, 1)),
-                *((f"group.{half}", 3 * n_movers, np.intp) for half in (0, 1)),
-            )
-        }
-        self.state = self._shaped("state.0", (4, n, n_movers))
-        moving_x, level_bits, terms_lx, terms_l2 = self.state
-        np.take(x, movers, axis=1, out=moving_x, mode="clip")  # mode="raise" would copy through a buffer
-        # The start's levels, clamp(nearest_int(iscale * x)), as biased bits the way the rounds
-        # compare them (see _round).
-        np.multiply(moving_x, iscale[movers], out=level_bits)
-        level_bits += _ROUNDING_MAGIC
-        bits = level_bits.view(np.int32)
-        bits &= 0x7FFFFF
-        np.maximum(bits, _LEVEL_BIAS - nmax, out=bits)
-        np.minimum(bits, _LEVEL_BIAS + nmax - 1, out=bits)
+        self.state = scratch("q3.state.0", (4, n_movers, n))
+        x, start_levels, terms_lx, terms_l2 = self.state
+        np.take(by_group, movers, axis=0, out=x, mode="clip")  # mode="raise" would copy through a buffer
+        _clamped_levels(iscale[movers, None], x, nmax, finite=True, out=start_levels)
+        _terms(x, start_levels, terms_lx, terms_l2)
+        self.sums = scratch("q3.sums.0", (2, n_movers))
+        np.take(sum_lx, movers, out=self.sums[0])
+        np.take(sum_l2, movers, out=self.sums[1])
         # Every mover's levels and sums as they end, written through as it moves.
         # (kept buffers: levels_of reads final_levels before the next chunk's search)
-        self.final_levels = scratch("q3.final_levels", (n, n_movers))
-        start_levels = np.subtract(bits, _LEVEL_BIAS, out=self.final_levels, casting="unsafe")
-        _terms(moving_x, start_levels, terms_lx, terms_l2)
-        self.sums = self._shaped("sums.0", (2, n_movers))
-        self.sums[0] = sum_from_zero(terms_lx)
-        self.sums[1] = sum_from_zero(terms_l2)
+        self.final_levels = scratch("q3.final_levels", start_levels.shape)
+        self.final_levels[...] = start_levels
         self.final_sums = scratch("q3.final_sums", self.sums.shape)
         self.final_sums[...] = self.sums
-        self.group = self._shaped("group.0", (3, n_movers))
-        mover, sweep_and_resume = self.group[0], self.group[1:]
-        mover[...] = np.arange(n_movers)
-        sweep_and_resume[...] = 0
-
-    def _shaped(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        return self.buffers[name][: math.prod(shape)].reshape(shape)
+        self.group = scratch("q3.group.0", (3, n_movers), np.intp)
+        self.group[self.MOVER] = np.arange(n_movers)
+        self.group[self.SWEEP :] = 0
 
     def run(self) -> None:
         """Rounds until every group is settled."""
@@ -284,79 +253,71 @@ class _Q3Moves:
             self.first_round = False
             self.parity ^= 1
             for name, array in (("state", self.state), ("sums", self.sums), ("group", self.group)):
-                kept = self._shaped(f"{name}.{self.parity}", array.shape[:-1] + (moving.size,))
-                setattr(self, name, np.take(array, moving, axis=-1, out=kept, mode="clip"))
+                kept = scratch(f"q3.{name}.{self.parity}", _kept_shape(array, moving.size), array.dtype)
+                setattr(self, name, np.take(array, moving, axis=1, out=kept, mode="clip"))
 
     def _round(self) -> np.ndarray:
-        """Apply each group's next move; returns the groups (columns) that moved."""
-        x, level_bits, terms_lx, terms_l2 = self.state
-        level_bits = level_bits.view(np.int32)
+        """Apply each group's next move; returns the groups (rows) that moved."""
+        state, n = self.state, self.n
         (sum_lx, sum_l2), (mover, sweep, resume) = self.sums, self.group
-        n, n_groups = x.shape
-        shape = (n, n_groups)
-        slx = np.subtract(sum_lx, terms_lx, out=self._shaped("slx", shape))
-        sl2 = np.subtract(sum_l2, terms_l2, out=self._shaped("sl2", shape))
+        n_groups = sum_lx.size
+        shape = (n_groups, n)
+        slx = np.subtract(sum_lx[:, None], state[self.TERMS_LX], out=scratch("q3.slx", shape))
+        sl2 = np.subtract(sum_l2[:, None], state[self.TERMS_L2], out=scratch("q3.sl2", shape))
         # ggml: if slx > 0, new = clamp(nearest_int(x * sl2 / slx)); considered if new != L
-        proposal = np.multiply(x, sl2, out=self._shaped("proposal", shape))
+        proposal = np.multiply(state[self.X], sl2, out=scratch("q3.proposal", shape))
         proposal /= slx
-        # nearest_int as C computes it (the float sum's low 23 bits, which wrap for huge or NaN
-        # proposals), clamped while still biased by 2**22: compared with the biased levels as is.
-        bits = np.add(proposal, _ROUNDING_MAGIC, out=proposal).view(np.int32)
-        bits &= 0x7FFFFF
-        np.maximum(bits, _LEVEL_BIAS - self.nmax, out=bits)  # not np.clip: ~10 us of Python a call
-        np.minimum(bits, _LEVEL_BIAS + self.nmax - 1, out=bits)
-        changes = np.not_equal(bits, level_bits, out=self._shaped("changes", shape))
-        flat = _indices(changes)  # ordered by position, then group
+        round_clamped(proposal, self.nmax)
+        changed = np.not_equal(proposal, state[self.LEVELS], out=scratch("q3.changed", shape, bool))
+        flat = _indices(changed)  # ordered by group, then position
         flat = flat[slx.reshape(-1)[flat] > 0]  # ggml tests slx first; cheaper on these few
-        position, column = np.divmod(flat, n_groups)
-        new_bits = bits.reshape(-1)[flat]
-        level = np.subtract(new_bits, _LEVEL_BIAS, out=np.empty(flat.size, np.float32), casting="unsafe")
+        row, position = np.divmod(flat, n)
         # ggml: slx += w*x*new; sl2 += w*new*new; accept if sl2 > 0 && slx^2 * suml2 > sumlx^2 * sl2
-        moved_x = x.reshape(-1)[flat]
-        weight = moved_x * moved_x
-        term_lx = weight * moved_x
+        x = state[self.X].reshape(-1)[flat]
+        weight = x * x
+        level = proposal.reshape(-1)[flat]
+        term_lx = weight * x
         term_lx *= level
         term_l2 = weight * level
         term_l2 *= level
         new_lx = slx.reshape(-1)[flat] + term_lx
         new_l2 = sl2.reshape(-1)[flat] + term_l2
-        run_lx, run_l2 = sum_lx[column], sum_l2[column]
-        changes = new_l2 > 0
-        changes &= new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2
-        accepted = _indices(changes)
-        a_column = column[accepted]
+        run_lx, run_l2 = sum_lx[row], sum_l2[row]
+        accepted = _indices((new_l2 > 0) & (new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2))
+        a_row = row[accepted]
 
-        # Each group's first accepted move in sweep order: the candidates are ordered by position,
-        # so the smallest index among a group's moves ahead of where its sweep resumes; with none
-        # ahead, the smallest among those behind, i.e. the next sweep's first move. Keys put the
-        # moves behind after all those ahead.
-        n_accepted = accepted.size
-        key = np.arange(n_accepted)
-        choice = np.full(n_groups, 2 * n_accepted, dtype=np.intp)
-        if self.first_round:  # every sweep starts at position 0: every move is ahead
-            np.minimum.at(choice, a_column, key)
+        choice = np.full(n_groups, -1, dtype=np.intp)  # index into `accepted` of each group's move
+        first = _indices(_first_of_runs(a_row))  # each group's first accepted move
+        if self.first_round:  # every sweep starts at position 0
+            choice[a_row[first]] = first
         else:
-            key[position[accepted] < resume[a_column]] += n_accepted
-            np.minimum.at(choice, a_column, key)
-            # a move behind starts the next sweep: only if one remains (a group that does not
-            # move leaves, so its sweep no longer matters)
-            next_sweep = (choice >= n_accepted) & (choice < 2 * n_accepted) & (sweep < self.SWEEPS - 1)
-            sweep += next_sweep
-            choice[next_sweep] -= n_accepted
-        moving = _indices(choice < n_accepted)
+            ahead = _indices(position[accepted] >= resume[a_row])
+            first_ahead = ahead[_first_of_runs(a_row[ahead])]
+            choice[a_row[first_ahead]] = first_ahead
+            # every group here has moved in its sweep: with nothing ahead, a next sweep if any remain
+            next_sweep = (choice < 0) & (sweep < self.SWEEPS - 1)
+            starts_sweep = next_sweep[a_row[first]]
+            choice[a_row[first[starts_sweep]]] = first[starts_sweep]
+            sweep += next_sweep  # a group that does not move now leaves: its sweep no longer matters
+
+        moving = _indices(choice >= 0)
         chosen = accepted[choice[moving]]
         at = flat[chosen]
         new_level = level[chosen]
-        level_bits.reshape(-1)[at] = new_bits[chosen]
-        terms_lx.reshape(-1)[at] = term_lx[chosen]
-        terms_l2.reshape(-1)[at] = term_l2[chosen]
+        state[self.LEVELS].reshape(-1)[at] = new_level
+        state[self.TERMS_LX].reshape(-1)[at] = term_lx[chosen]
+        state[self.TERMS_L2].reshape(-1)[at] = term_l2[chosen]
         moving_movers = mover[moving]
         sum_lx[moving] = self.final_sums[0, moving_movers] = new_lx[chosen]
         sum_l2[moving] = self.final_sums[1, moving_movers] = new_l2[chosen]
         at_position = position[chosen]
         resume[moving] = at_position + 1
-        self.final_levels.reshape(-1)[at_position * self.final_levels.shape[1] + moving_movers] = new_level
+        self.final_levels[moving_movers, at_position] = new_level
         return moving
+
+
+def _kept_shape(array: np.ndarray, n_kept: int) -> tuple[int, ...]:
+    return array.shape[:1] + (n_kept,) + array.shape[2:]
 
 
 def round_clamped(values: np.ndarray, nmax: int) -> None:
