@@ -27,6 +27,7 @@ from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, reg
 from ggufsmith.quantize.numerics import (
     F32,
     NEAREST_INT_EXACT,
+    clamp,
     float_warnings_off,
     fp16_bits,
     fp16_value,
@@ -67,7 +68,7 @@ def _requantize(rows: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndar
     fresh /= d[:, None]
     if max(np.max(fresh), -np.min(fresh)) <= NEAREST_INT_EXACT:  # False for NaN: then bit by bit
         np.rint(fresh, out=fresh)  # nearest_int in its exact range
-        np.clip(fresh, 0, nmax, out=fresh)
+        clamp(fresh, 0, nmax)
     else:
         fresh = nearest_int_clipped(fresh, 0, nmax)
     keep = np.flatnonzero(d == 0)  # rare: patched rather than a full-size np.where

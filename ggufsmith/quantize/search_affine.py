@@ -27,6 +27,7 @@ from ggufsmith.quantize.numerics import (
     NEAREST_INT_EXACT,
     aligned_copy,
     aligned_empty,
+    clamp,
     first_min,
     float_warnings_off,
     nearest_int,
@@ -116,7 +117,7 @@ def _search_batch(x, w, nmax, rmin, rdelta, nstep, use_mad):
         np.multiply(bound, np.abs(iscale), out=bound)
         if np.maximum.reduce(bound) <= NEAREST_INT_EXACT:  # False for NaN
             np.rint(out, out=out)
-            np.clip(out, 0, fnmax, out=out)
+            clamp(out, 0, fnmax)
         else:
             out[...] = nearest_int_clipped(out, 0, nmax)
         return out

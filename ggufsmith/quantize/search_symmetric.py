@@ -19,6 +19,7 @@ from ggufsmith.quantize.numerics import (
     NEAREST_INT_EXACT,
     aligned_copy,
     aligned_empty,
+    clamp,
     nearest_int,
     scratch,
     signed_max_abs,
@@ -50,7 +51,7 @@ def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, 
         if out is None:
             out = np.empty(rounded.shape, dtype=np.float32)
         out[...] = rounded
-    np.clip(out, -nmax, nmax - 1, out=out)
+    clamp(out, -nmax, nmax - 1)
     return out
 
 
@@ -330,4 +331,4 @@ def round_clamped(values: np.ndarray, nmax: int) -> None:
         np.rint(values, out=values)
     else:
         values[...] = nearest_int(values)
-    np.clip(values, -nmax, nmax - 1, out=values)
+    clamp(values, -nmax, nmax - 1)
