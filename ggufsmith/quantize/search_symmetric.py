@@ -10,6 +10,7 @@ are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -92,30 +93,55 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             sum_of_triple_products(weights, levels, levels, sum_l2, terms)
             return sum_lx, sum_l2
 
-        best_iscale = np.float32(-nmax) / signed_max
-        sum_lx, sum_l2 = sums(best_iscale)
+        # iscale = numerator / max for ggml's candidates in its order: -nmax, then -(nmax + 0.1*is)
+        # for is = -9 .. 9 but 0. Each group's winner so far is kept as its candidate's index.
+        numerators = _qx_numerators(nmax)
+        sum_lx, sum_l2 = sums(numerators[0] / signed_max)
         scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
-        stretches = [-(np.float32(nmax) + np.float32(0.1) * np.float32(step)) for step in range(-9, 10) if step]
-        for stretch in stretches:
-            iscale = stretch / signed_max
-            sum_lx, sum_l2 = sums(iscale)
+        winner = np.zeros(x.shape[1], dtype=np.int32)
+        take = np.empty(x.shape[1], dtype=np.int32)
+        for index in range(1, numerators.size):
+            sum_lx, sum_l2 = sums(numerators[index] / signed_max)
             better = sum_l2 > 0
             better &= sum_lx * sum_lx > best * sum_l2
             if not better.any():
                 continue
-            # ggml recomputes the levels from the winning iscale; so do we, once, at the end.
-            # (np.putmask: the same as np.copyto(where=), measured 1.6x faster on these vectors)
-            np.putmask(best_iscale, better, iscale)
-            np.putmask(scale, better, sum_lx / sum_l2)
-            np.putmask(best, better, scale * sum_lx)
-
+            # The winners are updated with arithmetic rather than masked stores (np.putmask and
+            # the like branch on every element: 20-90 us on 16K groups against ~3 us here).
+            np.multiply(better, np.int32(-1), out=take)  # all bits set where better
+            candidate_scale = sum_lx / sum_l2
+            select_bits(scale, candidate_scale, take)
+            select_bits(best, candidate_scale * sum_lx, take)
+            # indices come in increasing order: the better ones' index is the largest yet
+            np.maximum(winner, take & np.int32(index), out=winner)
+        # ggml recomputes the levels from the winning iscale; so do we, once, at the end
+        best_iscale = numerators[winner] / signed_max
         best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
         scale[all_zero] = 0
         out = (best_levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
     return scale, out
+
+
+@functools.cache
+def _qx_numerators(nmax: int) -> np.ndarray:
+    """make_qx_quants' candidate iscale numerators, float32, in ggml's order: -nmax, then
+    -(nmax + 0.1f*is) for is = -9 .. 9 but 0."""
+    stretches = [-(np.float32(nmax) + np.float32(0.1) * np.float32(step)) for step in range(-9, 10) if step]
+    numerators = np.array([np.float32(-nmax), *stretches], dtype=np.float32)
+    numerators.setflags(write=False)  # shared by every call
+    return numerators
+
+
+def select_bits(out: np.ndarray, candidate: np.ndarray, take: np.ndarray) -> None:
+    """out = candidate where take (int32, all bits set) else out, float32 bit for bit (NaN too),
+    in place and without branches: out ^= (out ^ candidate) & take."""
+    bits = out.view(np.int32)
+    flip = np.bitwise_xor(bits, candidate.view(np.int32))
+    flip &= take
+    bits ^= flip
 
 
 def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
