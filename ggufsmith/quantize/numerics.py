@@ -78,6 +78,23 @@ def nearest_int_clipped(values: np.ndarray, low: int, high: int) -> np.ndarray:
     return bits.astype(F32)
 
 
+def all_bits_where(mask: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """int32 `out` = all bits set where the bool `mask` is True, else 0: the `take` of select_bits."""
+    return np.negative(mask.view(np.int8), out=out, casting="unsafe")
+
+
+def select_bits(out: np.ndarray, candidate: np.ndarray, take: np.ndarray, flip: np.ndarray | None = None) -> None:
+    """out = candidate where take (int32, all bits set) else out, float32 bit for bit (NaN too),
+    in place and without branches: out ^= (out ^ candidate) & take. A masked store (np.putmask,
+    np.copyto(where=), fancy indexing) branches on every element: 20-90 us on 16K values with
+    random masks, against ~3 us for each of these three passes. `take` may broadcast (one flag
+    per column of several rows); `flip`, an int32 buffer of out's shape, saves an allocation."""
+    bits = out.view(np.int32)
+    flip = np.bitwise_xor(bits, candidate.view(np.int32), out=flip)
+    flip &= take
+    bits ^= flip
+
+
 def fp16_bits(values: np.ndarray) -> np.ndarray:
     """GGML_FP32_TO_FP16 as uint16 bits: round to nearest even, overflow to inf (as numpy does)."""
     with np.errstate(over="ignore"):

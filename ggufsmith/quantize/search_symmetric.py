@@ -20,9 +20,11 @@ from ggufsmith.quantize.numerics import (
     NEAREST_INT_EXACT,
     aligned_copy,
     aligned_empty,
+    all_bits_where,
     clamp,
     nearest_int,
     scratch,
+    select_bits,
     signed_max_abs,
     sum_from_zero,
     sum_of_products,
@@ -107,9 +109,8 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             better &= sum_lx * sum_lx > best * sum_l2
             if not better.any():
                 continue
-            # The winners are updated with arithmetic rather than masked stores (np.putmask and
-            # the like branch on every element: 20-90 us on 16K groups against ~3 us here).
-            np.multiply(better, np.int32(-1), out=take)  # all bits set where better
+            # winners updated with arithmetic, not masked stores (see select_bits)
+            all_bits_where(better, take)
             candidate_scale = sum_lx / sum_l2
             select_bits(scale, candidate_scale, take)
             select_bits(best, candidate_scale * sum_lx, take)
@@ -133,15 +134,6 @@ def _qx_numerators(nmax: int) -> np.ndarray:
     numerators = np.array([np.float32(-nmax), *stretches], dtype=np.float32)
     numerators.setflags(write=False)  # shared by every call
     return numerators
-
-
-def select_bits(out: np.ndarray, candidate: np.ndarray, take: np.ndarray) -> None:
-    """out = candidate where take (int32, all bits set) else out, float32 bit for bit (NaN too),
-    in place and without branches: out ^= (out ^ candidate) & take."""
-    bits = out.view(np.int32)
-    flip = np.bitwise_xor(bits, candidate.view(np.int32))
-    flip &= take
-    bits ^= flip
 
 
 def make_q3_quants(x: np.ndarray, by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
