@@ -20,6 +20,7 @@ from ggufsmith.quantize.numerics import (
     largest_magnitudes,
     position_major,
     signed_max_of_finite,
+    sum_of_squares_by_row,
     transposed,
 )
 from ggufsmith.quantize.search_symmetric import make_qx_quants
@@ -73,9 +74,8 @@ def _store_scales(out: np.ndarray, d: np.ndarray) -> None:
 
 def _row_weights(rows: np.ndarray, importance: np.ndarray) -> np.ndarray:
     """imatrix * sqrt(sigma2 + x^2), sigma2 the row's mean square summed in order as ggml does."""
-    squares = rows * rows
-    sigma2 = np.cumsum(squares, axis=1, dtype=np.float32)[:, -1] / np.float32(rows.shape[1])
-    return importance[None, :] * np.sqrt(sigma2[:, None] + squares)
+    sigma2 = sum_of_squares_by_row(rows) / np.float32(rows.shape[1])
+    return importance[None, :] * np.sqrt(sigma2[:, None] + rows * rows)
 
 
 # --- Q8_0: int8 values, d = amax / 127 -----------------------------------------------------------
