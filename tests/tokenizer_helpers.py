@@ -114,13 +114,15 @@ TEXT_ROLE_GETTERS = {
 
 
 def load_vocab_without_text_roles(metadata, path: Path):
-    """llama.cpp's vocab (llama_cpp's C handle) from `metadata` less the TEXT_ROLE_GETTERS keys,
-    written to `path`: what llama.cpp detects by itself."""
+    """llama.cpp's model (a vocab-only Llama) from `metadata` less the TEXT_ROLE_GETTERS keys,
+    written to `path`: what llama.cpp detects by itself. Its C vocab handle is `._model.vocab`;
+    keep the Llama while using it (the handle dies with the model: a handle taken from a Llama
+    already collected read freed memory and failed at random)."""
     stripped = type(metadata)()
     for key, value in metadata.items():
         if key not in TEXT_ROLE_GETTERS:
             stripped.add_value(key, value)
-    return load_llama_vocab(write_vocab_gguf(stripped, path))._model.vocab
+    return load_llama_vocab(write_vocab_gguf(stripped, path))
 
 
 # --- SentencePiece -------------------------------------------------------------------------------
