@@ -21,7 +21,7 @@ from tests.tokenizer_helpers import (
     CHECK_TEXT,
     TEXT_ROLE_GETTERS,
     load_llama_vocab,
-    load_vocab_without_text_roles,
+    load_llama_without_text_roles,
     train_bpe_for_table_entry,
     write_vocab_gguf,
 )
@@ -130,7 +130,7 @@ def test_family_end_of_generation_and_chat_template(family_case):
 def test_family_end_of_turn_and_fim_ids_are_the_ones_llama_cpp_detects(family_case, tmp_path):
     """Without our eot/fim keys llama.cpp finds these tokens by their text; we write the same ids."""
     family, _, _, metadata = family_case
-    llm = load_vocab_without_text_roles(metadata, tmp_path / "stripped.gguf")
+    llm = load_llama_without_text_roles(metadata, tmp_path / "stripped.gguf")
     vocab = llm._model.vocab
     for key, getter in TEXT_ROLE_GETTERS.items():
         if family.generation_eos and key == "tokenizer.ggml.eot_token_id":

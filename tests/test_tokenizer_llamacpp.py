@@ -18,7 +18,7 @@ from tests.tokenizer_helpers import (
     SP_USER_DEFINED,
     TEXT_ROLE_GETTERS,
     load_llama_vocab,
-    load_vocab_without_text_roles,
+    load_llama_without_text_roles,
     train_bpe,
     train_sentencepiece,
     write_tokenizer_config,
@@ -245,7 +245,7 @@ def test_every_table_name_is_one_llama_cpp_accepts(tmp_path):
 def test_eot_and_fim_ids_are_the_ones_llama_cpp_detects(bpe_case, tmp_path):
     """Without our eot/fim keys llama.cpp finds these tokens by their text; we must agree."""
     style, _, _, _, metadata = bpe_case
-    llm = load_vocab_without_text_roles(metadata, tmp_path / "stripped.gguf")
+    llm = load_llama_without_text_roles(metadata, tmp_path / "stripped.gguf")
     vocab = llm._model.vocab
     tokens = metadata.get("tokenizer.ggml.tokens")
     for key, getter in TEXT_ROLE_GETTERS.items():

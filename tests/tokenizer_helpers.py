@@ -113,8 +113,8 @@ TEXT_ROLE_GETTERS = {
 }
 
 
-def load_vocab_without_text_roles(metadata, path: Path):
-    """llama.cpp's model (a vocab-only Llama) from `metadata` less the TEXT_ROLE_GETTERS keys,
+def load_llama_without_text_roles(metadata, path: Path):
+    """A vocab-only llama.cpp model (a Llama) from `metadata` less the TEXT_ROLE_GETTERS keys,
     written to `path`: what llama.cpp detects by itself. Its C vocab handle is `._model.vocab`;
     keep the Llama while using it (the handle dies with the model: a handle taken from a Llama
     already collected read freed memory and failed at random)."""
