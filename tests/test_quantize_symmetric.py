@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ggufsmith.constants import GGMLType
-from ggufsmith.quantize import get_format, numerics, search_symmetric
+from ggufsmith.quantize import get_format, numerics, search_q3, search_symmetric
 from tests.quant_checks import (
     assert_same_floats,
     check_against_ggml,
@@ -89,7 +89,7 @@ def test_q3_k_later_sweeps_span_search_tiles(monkeypatch):
     """Q3_K sweeps the groups left unsettled by the first sweep of every search tile together: with
     small tiles, so that a registry chunk holds several (and a partial one), it still matches ggml,
     as it does over several registry chunks."""
-    monkeypatch.setattr(search_symmetric, "Q3_TILE_GROUPS", 1000)
+    monkeypatch.setattr(search_q3, "Q3_TILE_GROUPS", 1000)
     rows = np.random.default_rng(301).standard_normal((300, 4096), dtype=np.float32)
     rows[::3] *= np.float32(1e-3)  # a mix of magnitudes across tiles
     check_against_ggml(rows, GGMLType.Q3_K, None, "300 rows of 4096 in tiles of 1000 groups")

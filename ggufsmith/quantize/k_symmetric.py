@@ -20,12 +20,14 @@ from ggufsmith.quantize.numerics import (
     importance_by_position,
     nearest_int,
     position_major,
+    round_clamped,
     scratch,
     signed_max_abs,
     sum_from_zero,
     sum_of_squares_by_row,
 )
-from ggufsmith.quantize.search_symmetric import make_q3_quants, make_qx_quants, round_clamped
+from ggufsmith.quantize.search_q3 import make_q3_quants
+from ggufsmith.quantize.search_symmetric import make_qx_quants
 
 GROUP = 16
 GROUPS = QK_K // GROUP
@@ -150,22 +152,27 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
     return importance_by_position(importance, GROUP, rows.shape[0]) * np.sqrt(sigma2_by_group + x * x)
 
 
-# make_q3_quants' rounds cost ~60 numpy calls each whatever their width (about ten rounds per
-# call, on ever fewer groups), so Q3_K asks the registry for chunks of 512K values (2 MiB of
-# float32) rather than its default 128K: measured 28% faster than 128K and 7% than 256K without
-# an imatrix; with one (make_qx_quants, tiled anyway) 512K is as fast as 256K and 1M 10% slower.
-Q3_K_CHUNK_ELEMENTS = 1 << 19
+# make_q3_quants' later rounds cost ~45 numpy calls each whatever their width (about ten per
+# call, on ever fewer groups; its start and first round go tile by tile), so Q3_K asks the
+# registry for chunks of 2M values (8 MiB of float32) rather than its default 128K: against 512K,
+# the ratio to ggml's C went 0.69-0.74x -> 0.79-0.85x (interleaved, median of 12). With an
+# imatrix (make_qx_quants, tiled anyway) pieces of 512K stay best: 1M was 10% slower.
+Q3_K_CHUNK_ELEMENTS = 1 << 21
+Q3_K_IMATRIX_PIECE_ELEMENTS = 1 << 19
 
 
 @float_warnings_off
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
+    step = max(1, Q3_K_IMATRIX_PIECE_ELEMENTS // rows.shape[1])
+    if importance is not None and rows.shape[0] > step:
+        return np.concatenate([_q3_k_quantize(rows[i : i + step], importance) for i in range(0, rows.shape[0], step)])
     n_blocks = rows.size // QK_K
-    x = position_major(rows, GROUP)
     by_group = rows.reshape(-1, GROUP)
     if importance is None:
-        group_scales, levels_of = make_q3_quants(x, by_group, 4)
+        group_scales, levels_of = make_q3_quants(by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
+        x = position_major(rows, GROUP)
         weights = _q3_k_group_weights(rows, importance, x)
         group_scales, search_levels = make_qx_quants(x, 4, weights)  # position-major
         stored, d = _q3_k_scales_weighted(group_scales, sum_from_zero(weights))
