@@ -27,7 +27,8 @@ import os
 import sys
 import threading
 
-MMAP_THRESHOLD = 8 << 20
+# above a Q3_K chunk's float32 arrays (2M values: 8 MiB), below a tensor piece (16 MiB)
+MMAP_THRESHOLD = 12 << 20
 TRIM_THRESHOLD = 64 << 20
 # glibc's mallopt parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1

@@ -16,18 +16,20 @@ from the same state at position 0, so its move is the group's first accepted one
 otherwise the group is settled and leaves. A group that does not move in the first round leaves
 then, so every group in a later round has moved in its current sweep.
 
-Only groups whose largest value is negative can move: the terms w*x*L of a group all have the
-sign of its iscale = -nmax/max (L rounds iscale*x), so when max > 0 every term is <= 0, their
-float sum is <= each of them, and slx = sumlx - w*x*L is never > 0, which ggml requires.
+Which groups can move: the terms w*x*L of a group all have the sign of its iscale = -nmax/max
+(L rounds iscale*x), so when max > 0 every term is <= 0, their float sum is <= each of them, and
+slx = sumlx - w*x*L is never > 0, which ggml requires. Groups whose max is negative can.
 
-Layout and cost: everything is position-major ([16, groups], rows the positions), so that a
-per-group value broadcasts along rows and the sums run in C order, and a round is ~30 whole-array
-passes with no per-candidate indexing (a pass costs ~0.2-0.3 ns a value here; gathering an array
-~1 ns, so the state carried from round to round is x and L only, w and the terms recomputed).
-The start and the first round go tile by tile (Q3_TILE_GROUPS groups, transposed in cache); the
-groups that moved in the first round of every tile (about a fifth of all) are pooled and run their
-later rounds together, so the rounds' fixed cost (~45 numpy calls each, ~10 rounds on ever fewer
-groups) is paid once per call rather than once per tile.
+Cost: everything is position-major ([16, groups], rows the positions), so that a per-group value
+broadcasts along rows and the sums run in C order. A proposal differs from the current level at
+~3% of the positions, so a round finds those *candidates* with whole-array passes that need no
+rounding (|x*sl2/slx - L| >= 0.5, or NaN, where slx > 0: a superset of ggml's `new != L`) and
+decides the rest on the candidates alone: the exact nearest_int, the test, and each group's first
+accepted move (a minimum over keys per group). The start and the first round go tile by tile
+(Q3_TILE_GROUPS groups, transposed in cache, all groups: the first round reuses the start's
+terms, which is cheaper than gathering the movers); the groups that moved are pooled and run
+their later rounds together, carrying x and L only (w and the terms recomputed: a pass costs
+~0.25 ns a value here, carrying an array through the compaction ~1 ns).
 """
 
 from __future__ import annotations
@@ -40,18 +42,20 @@ from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     F32,
     clamp,
-    round_clamped,
+    nearest_int_clipped,
     scratch,
     signed_max_abs,
-    sum_of_products,
-    sum_of_triple_products,
+    sum_from_zero,
 )
 
-
-
-# Groups per tile for the start: 16 x 8192 float32 = 512 KiB per array.
+# Groups per tile for the start and first round: 16 x 8192 float32 = 512 KiB per array.
 Q3_TILE_GROUPS = 8192
 SWEEPS = 5
+# A move's key for the minimum per group: (not ahead of the sweep, position, candidate index).
+_AHEAD_BIT = np.int64(1) << np.int64(40)
+_POSITION_SHIFT = np.int64(32)
+_INDEX_MASK = np.int64(0xFFFFFFFF)
+_NO_MOVE = np.iinfo(np.int64).max
 
 
 def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
@@ -65,167 +69,196 @@ def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callabl
     with np.errstate(all="ignore"):  # all-zero groups: -nmax/0 and 0*inf; overwritten below
         state = search.start()
         while state.group.size:
-            state = search.round(state)
+            state = search.later_round(state)
         sum_lx, sum_l2 = search.sums
         scale = np.where(sum_l2 > 0, sum_lx / sum_l2, F32(0))
     scale[search.all_zero] = 0
+    return scale, search.levels_of
 
-    def levels_of(groups: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore"):  # all-zero groups' NaN levels, reset below
-            out = (search.levels[:, groups].T + F32(nmax)).astype(np.uint8)
-        out[search.all_zero[groups]] = 0
-        return out
 
-    return scale, levels_of
+class _State:
+    """The groups still moving: x and levels position-major [n, groups], then per group the
+    running sums, the index among all groups of the call, the sweep, and the position the sweep
+    resumes at."""
+
+    PER_GROUP = ("sum_lx", "sum_l2", "group", "sweep", "resume")
+
+    def __init__(self, x, levels, sum_lx, sum_l2, group, sweep, resume):
+        self.x, self.levels, self.sum_lx, self.sum_l2 = x, levels, sum_lx, sum_l2
+        self.group, self.sweep, self.resume = group, sweep, resume
+
+    @staticmethod
+    def concatenate(states: list["_State"]) -> "_State":
+        return _State(
+            np.concatenate([state.x for state in states], axis=1),
+            np.concatenate([state.levels for state in states], axis=1),
+            *(np.concatenate([getattr(state, name) for state in states]) for name in _State.PER_GROUP),
+        )
+
+
+class _Moves:
+    """Each group's first accepted move, found from whole-array candidates: `moving` (the groups,
+    as column indices, that move), with their `position`, `level` and new running sums."""
+
+    def __init__(self, moving, position, level, sum_lx, sum_l2):
+        self.moving, self.position, self.level, self.sum_lx, self.sum_l2 = moving, position, level, sum_lx, sum_l2
 
 
 class _Search:
-    """The search's results for every group (`levels` position-major float32 [n, groups], `sums`
-    [2, groups]: the final sumlx and suml2), written as moves are accepted. Kept buffers (see
-    numerics.scratch): levels_of reads them before the next call's search."""
+    """The search over every group of a call. Its results: the final sums [2, groups] (sumlx,
+    suml2), written as moves are accepted, and for levels_of each group's iscale (its start
+    levels, recomputed on request) and every round's moves (group, position, level), in order.
+    (Kept buffers, see numerics.scratch: levels_of reads them before the next call's search.)"""
 
     def __init__(self, by_group: np.ndarray, nmax: int):
         self.by_group, self.nmax = by_group, nmax
         n_groups, self.n = by_group.shape
-        self.levels = scratch("q3.levels", (self.n, n_groups))
         self.sums = scratch("q3.sums", (2, n_groups))
+        self.iscale = scratch("q3.iscale", (n_groups,))
         self.all_zero = scratch("q3.all_zero", (n_groups,), bool)
+        self.moves: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def start(self) -> "_State":
-        """ggml's start and first round, tile by tile (their arrays in cache); returns the state
-        of the groups that moved, from every tile, for the later rounds."""
+    def levels_of(self, groups: np.ndarray) -> np.ndarray:
+        """The final levels of these groups, uint8 [len(groups), n] in 0 .. 2*nmax-1: the start
+        levels, then the moves replayed round by round (a group moves at most once a round)."""
+        nmax = self.nmax
+        with np.errstate(all="ignore"):  # all-zero groups' NaN levels, reset below
+            levels = self.by_group[groups] * self.iscale[groups, None]
+            np.rint(levels, out=levels)
+            clamp(levels, -nmax, nmax - 1)
+            row = np.full(self.sums.shape[1], -1, dtype=np.intp)
+            row[groups] = np.arange(groups.size)
+            for group, position, level in self.moves:
+                at = row[group]
+                mine = at >= 0
+                levels[at[mine], position[mine]] = level[mine]
+            out = (levels + F32(nmax)).astype(np.uint8)
+        out[self.all_zero[groups]] = 0
+        return out
+
+    def start(self) -> _State:
+        """ggml's start and first round, tile by tile; returns the groups that moved."""
         n_groups = self.by_group.shape[0]
-        moved = []
-        for start in range(0, n_groups, Q3_TILE_GROUPS):
-            state = self.round(self._start_tile(start, min(n_groups, start + Q3_TILE_GROUPS)))
-            state.x, state.levels = state.x.copy(), state.levels.copy()  # out of the scratch buffers
-            moved.append(state)
+        moved = [self._start_tile(start, min(n_groups, start + Q3_TILE_GROUPS)) for start in range(0, n_groups, Q3_TILE_GROUPS)]
         return _State.concatenate(moved)
 
-    def _start_tile(self, start: int, stop: int) -> "_State":
-        """The start for groups start .. stop-1; returns the state of those that can move."""
+    def _start_tile(self, start: int, stop: int) -> _State:
         nmax, shape = self.nmax, (self.n, stop - start)
         x = scratch("q3.tile_x", shape)
         x[...] = self.by_group[start:stop].T  # position-major, for sums in C order
         amax, signed_max = signed_max_abs(x, finite=True)
-        all_zero = self.all_zero[start:stop] = amax < GROUP_MAX_EPS
-        iscale = F32(-nmax) / signed_max
+        all_zero = amax < GROUP_MAX_EPS
+        self.all_zero[start:stop] = all_zero
+        iscale = np.divide(F32(-nmax), signed_max, out=self.iscale[start:stop])
         levels = np.multiply(x, iscale, out=scratch("q3.tile_levels", shape))
         np.rint(levels, out=levels)
         clamp(levels, -nmax, nmax - 1)
-        self.levels[:, start:stop] = levels
-        weight = np.multiply(x, x, out=scratch("q3.tile_w", shape))
-        weighted_x = np.multiply(weight, x, out=scratch("q3.tile_wx", shape))
-        terms = scratch("q3.tile_terms", shape)
-        sum_lx = sum_of_products(weighted_x, levels, self.sums[0, start:stop], terms)
-        sum_l2 = sum_of_triple_products(weight, levels, levels, self.sums[1, start:stop], terms)
-        movers = np.flatnonzero((iscale > 0) & ~all_zero)
-        mover_shape = (self.n, movers.size)
-        return _State(
-            np.take(x, movers, axis=1, out=scratch("q3.x.0", mover_shape), mode="clip"),
-            np.take(levels, movers, axis=1, out=scratch("q3.levels.0", mover_shape), mode="clip"),
-            sum_lx[movers],
-            sum_l2[movers],
-            movers + start,
-            sweep=np.zeros(movers.size, dtype=np.uint8),
-            resume=None,
-        )
-
-    def round(self, state: "_State") -> "_State":
-        """Apply each group's next move; returns the state of the groups that moved."""
-        n, nmax = self.n, self.nmax
-        x, levels, sum_lx, sum_l2 = state.x, state.levels, state.sum_lx, state.sum_l2
-        n_groups = sum_lx.size
-        shape = (n, n_groups)
-        # ggml: w = x*x; slx = sumlx - w*x*L; sl2 = suml2 - w*L*L
+        # ggml: sumlx += w*x*L; suml2 += w*L*L, with w = x*x: (w*x)*L and (w*L)*L
         weight = np.multiply(x, x, out=scratch("q3.w", shape))
-        weighted_x = np.multiply(weight, x, out=scratch("q3.wx", shape))
-        slx = np.multiply(weighted_x, levels, out=scratch("q3.slx", shape))
-        np.subtract(sum_lx, slx, out=slx)
+        slx = np.multiply(weight, x, out=scratch("q3.slx", shape))
+        slx *= levels
         sl2 = np.multiply(weight, levels, out=scratch("q3.sl2", shape))
         sl2 *= levels
+        sum_lx = self.sums[0, start:stop]
+        sum_l2 = self.sums[1, start:stop]
+        sum_lx[...] = sum_from_zero(slx)
+        sum_l2[...] = sum_from_zero(sl2)
+        # the first round, every group at once (those that cannot move have no candidates but
+        # the all-zero ones, which ggml never sweeps)
+        np.subtract(sum_lx, slx, out=slx)
         np.subtract(sum_l2, sl2, out=sl2)
-        # new = clamp(nearest_int(x * sl2 / slx)), then slx += w*x*new; sl2 += w*new*new
-        proposal = np.multiply(x, sl2, out=scratch("q3.proposal", shape))
-        proposal /= slx
-        round_clamped(proposal, nmax)
-        new_lx = np.multiply(weighted_x, proposal, out=weighted_x)
-        new_lx += slx
-        new_l2 = np.multiply(weight, proposal, out=weight)
-        new_l2 *= proposal
-        new_l2 += sl2
-        # ggml moves if slx > 0 (before the update), new != L, then sl2 > 0 and
-        # slx*slx*suml2 > sumlx*sumlx*sl2 (after): the float tests as one, min(slx, sl2, lhs - rhs)
-        # > 0 (a - b > 0 exactly when a > b, and a NaN anywhere fails it, as each test in C)
-        lowest = np.minimum(slx, new_l2, out=sl2)
-        lhs = np.multiply(new_lx, new_lx, out=slx)
-        lhs *= sum_l2
-        lhs -= np.multiply(new_l2, sum_lx * sum_lx, out=scratch("q3.rhs", shape))
-        np.minimum(lowest, lhs, out=lowest)
-        accept = np.greater(lowest, 0, out=scratch("q3.accept", shape, bool))
-        accept &= np.not_equal(proposal, levels, out=scratch("q3.changed", shape, bool))
-
-        # Each group's first accepted position, and its first at or after `resume`: positions
-        # coded as p (accepted) or p + 16 (not), so that a minimum over the rows finds the first.
-        coded = np.multiply(accept.view(np.uint8), np.uint8(16), out=scratch("q3.coded", shape, np.uint8))
-        np.subtract(_CODES[:n], coded, out=coded)
-        first = np.minimum.reduce(coded, axis=0)  # >= 16: none
-        if state.resume is None:  # the first round: every sweep starts at position 0
-            position = first
-        else:
-            # positions before `resume` wrap around to >= 240 (uint8), accepted ones ahead stay
-            # below 16 - resume, and the others come to 16 - resume or more
-            np.subtract(coded, state.resume, out=coded)
-            ahead = np.minimum.reduce(coded, axis=0)
-            room = np.uint8(16) - state.resume
-            has_ahead = ahead < room
-            position = np.where(has_ahead, ahead + state.resume, np.where(state.sweep < SWEEPS - 1, first, np.uint8(16)))
-            state.sweep += ~has_ahead  # a group that does not move now leaves: its sweep no longer matters
-        moving = np.flatnonzero(position < 16)
-        at_position = position[moving].astype(np.intp)
-        at = at_position * n_groups + moving
-        new_level = proposal.reshape(-1)[at]
-        new_sum_lx = new_lx.reshape(-1)[at]
-        new_sum_l2 = new_l2.reshape(-1)[at]
-        levels.reshape(-1)[at] = new_level
-        group = state.group[moving]
-        self.levels.reshape(-1)[at_position * self.levels.shape[1] + group] = new_level
-        self.sums[0, group] = new_sum_lx
-        self.sums[1, group] = new_sum_l2
-        kept_shape = (n, moving.size)
-        parity = state.parity ^ 1
+        moves = self._first_moves(x, levels, slx, sl2, sum_lx, sum_l2, None, None, excluded=all_zero)
+        group = moves.moving + start
+        self._apply(moves, levels, group)
         return _State(
-            np.take(x, moving, axis=1, out=scratch(f"q3.x.{parity}", kept_shape), mode="clip"),
-            np.take(levels, moving, axis=1, out=scratch(f"q3.levels.{parity}", kept_shape), mode="clip"),
-            new_sum_lx,
-            new_sum_l2,
+            np.take(x, moves.moving, axis=1),
+            np.take(levels, moves.moving, axis=1),
+            moves.sum_lx,
+            moves.sum_l2,
             group,
-            sweep=state.sweep[moving],
-            resume=(at_position + 1).astype(np.uint8),
-            parity=parity,
+            np.zeros(group.size, dtype=np.uint8),
+            (moves.position + 1).astype(np.uint8),
         )
 
-
-# 16 + position, for each row of the codes above
-_CODES = (np.arange(16, dtype=np.uint8) + np.uint8(16))[:, None]
-
-
-class _State:
-    """The groups still moving: x and levels position-major [n, groups] (in scratch buffers that
-    alternate by `parity` from round to round), their running sums, their index among all groups
-    of the call, their sweep, and the position their sweep resumes at (None in the first round)."""
-
-    def __init__(self, x, levels, sum_lx, sum_l2, group, sweep, resume, parity=0):
-        self.x, self.levels, self.sum_lx, self.sum_l2 = x, levels, sum_lx, sum_l2
-        self.group, self.sweep, self.resume, self.parity = group, sweep, resume, parity
-
-    @staticmethod
-    def concatenate(states: list["_State"]) -> "_State":
-        """One state of the groups of several (each in its own buffers or the same scratch ones)."""
-        def joined(name: str, axis: int = 0) -> np.ndarray:
-            return np.concatenate([getattr(state, name) for state in states], axis=axis)
-
+    def later_round(self, state: _State) -> _State:
+        """Apply each group's next move; returns the state of the groups that moved."""
+        x, levels = state.x, state.levels
+        shape = x.shape
+        weight = np.multiply(x, x, out=scratch("q3.w", shape))
+        slx = np.multiply(weight, x, out=scratch("q3.slx", shape))
+        slx *= levels
+        np.subtract(state.sum_lx, slx, out=slx)
+        sl2 = np.multiply(weight, levels, out=scratch("q3.sl2", shape))
+        sl2 *= levels
+        np.subtract(state.sum_l2, sl2, out=sl2)
+        moves = self._first_moves(x, levels, slx, sl2, state.sum_lx, state.sum_l2, state.resume, state.sweep)
+        group = state.group[moves.moving]
+        self._apply(moves, levels, group)
         return _State(
-            joined("x", 1), joined("levels", 1), joined("sum_lx"), joined("sum_l2"), joined("group"),
-            joined("sweep"), joined("resume"),
+            np.take(x, moves.moving, axis=1),
+            np.take(levels, moves.moving, axis=1),
+            moves.sum_lx,
+            moves.sum_l2,
+            group,
+            state.sweep[moves.moving],
+            (moves.position + 1).astype(np.uint8),
         )
+
+    def _apply(self, moves: _Moves, levels: np.ndarray, group: np.ndarray) -> None:
+        """Write the moves into the round's levels and the call's results."""
+        levels[moves.position, moves.moving] = moves.level
+        self.moves.append((group, moves.position, moves.level))
+        self.sums[0, group] = moves.sum_lx
+        self.sums[1, group] = moves.sum_l2
+
+    def _first_moves(self, x, levels, slx, sl2, sum_lx, sum_l2, resume, sweep, excluded=None) -> _Moves:
+        """Each group's next move from its current state: slx and sl2 are ggml's sums without
+        each position's own terms ([n, groups], clobbered). resume: where each group's sweep
+        continues (None in the first round, where every sweep starts at 0); sweep: each group's
+        sweep, advanced here for those that start the next one. excluded: groups that never move."""
+        nmax, n_groups = self.nmax, x.shape[1]
+        # candidates: slx > 0 and x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the
+        # difference of these small numbers is exact, so this never misses a changed level
+        proposal = np.multiply(x, sl2, out=scratch("q3.proposal", x.shape))
+        proposal /= slx
+        distance = np.subtract(proposal, levels, out=scratch("q3.distance", x.shape))
+        np.abs(distance, out=distance)
+        candidate = np.less(distance, F32(0.5), out=scratch("q3.candidate", x.shape, bool))
+        np.logical_not(candidate, out=candidate)
+        candidate &= np.greater(slx, 0, out=scratch("q3.positive", x.shape, bool))
+        flat = np.flatnonzero(candidate)  # ordered by position, then group
+        position, column = np.divmod(flat, n_groups)
+        if excluded is not None:
+            keep = np.flatnonzero(~excluded[column])
+            flat, position, column = flat[keep], position[keep], column[keep]
+        # ggml: new = clamp(nearest_int(x*sl2/slx)); if new != L: slx += w*x*new; sl2 += w*new*new;
+        # accepted if sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2
+        new = nearest_int_clipped(proposal.reshape(-1)[flat], -nmax, nmax - 1)
+        x_at = x.reshape(-1)[flat]
+        weight = x_at * x_at
+        new_lx = weight * x_at
+        new_lx *= new
+        new_lx += slx.reshape(-1)[flat]
+        new_l2 = weight * new
+        new_l2 *= new
+        new_l2 += sl2.reshape(-1)[flat]
+        run_lx, run_l2 = sum_lx[column], sum_l2[column]
+        accepted = new != levels.reshape(-1)[flat]
+        accepted &= new_l2 > 0
+        accepted &= new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2
+        chosen = np.flatnonzero(accepted)
+        # each group's first move: the least key (ahead of its sweep first, then by position)
+        key = (position[chosen] << _POSITION_SHIFT) | chosen
+        if resume is not None:
+            key |= (position[chosen] < resume[column[chosen]]) * _AHEAD_BIT
+        first = np.full(n_groups, _NO_MOVE, dtype=np.int64)
+        np.minimum.at(first, column[chosen], key)
+        if resume is None:
+            moving = np.flatnonzero(first != _NO_MOVE)
+        else:
+            # every group here has moved in its sweep: with nothing ahead, the next sweep if any remain
+            next_sweep = (first >= _AHEAD_BIT) & (first != _NO_MOVE)
+            sweep += next_sweep
+            moving = np.flatnonzero((first < _AHEAD_BIT) | (next_sweep & (sweep < SWEEPS)))
+        at = first[moving] & _INDEX_MASK
+        return _Moves(moving, position[at], new[at], new_lx[at], new_l2[at])
