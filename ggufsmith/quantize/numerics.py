@@ -28,6 +28,7 @@ ROUNDING_MAGIC = F32(12582912.0)
 # nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
 NEAREST_INT_EXACT = F32(4194303)
 _ZERO = F32(0)
+_SIGN_BIT = np.int32(-(2**31))
 _TRANSPOSE_SLICE = 256
 
 
@@ -262,11 +263,9 @@ def largest_magnitudes(top_signed: np.ndarray, top_unsigned: np.ndarray) -> tupl
     reductions need no elementwise pass over the data and are several times faster than
     float ones. (NaN would win them: finite data only.)"""
     positive = np.maximum(top_signed, -1)
-    negative = top_unsigned.view(np.int32).copy()
     # a group without negative values has its largest as uint32 below 2**31: non-negative as int32
-    has_negative = negative < 0
-    negative &= 0x7FFFFFFF
-    negative[~has_negative] = -1
+    negative = top_unsigned.view(np.int32)
+    negative = np.where(negative < 0, negative & 0x7FFFFFFF, -1)  # (a masked store is slower)
     return positive, negative
 
 
@@ -276,7 +275,7 @@ def signed_max_of_finite(positive: np.ndarray, negative: np.ndarray, lanes_of) -
     `lanes_of(groups)` gives those groups' values as [position, group], to find which came first."""
     amax = np.maximum(positive, negative)
     # a group of zeros (any signs) gives +0.0: -0.0 never passes `amax < fabsf(v)`
-    signed = (amax | ((negative > np.maximum(positive, 0)).astype(np.int32) << 31)).view(F32)
+    signed = np.where(negative > np.maximum(positive, 0), amax | _SIGN_BIT, amax).view(F32)
     ties = np.flatnonzero((positive == negative) & (amax > 0))
     if ties.size:
         tied = lanes_of(ties)
@@ -294,7 +293,8 @@ def signed_max_abs(x: np.ndarray, finite: bool = False) -> tuple[np.ndarray, np.
         positive, negative = largest_magnitudes(
             np.maximum.reduce(x.view(np.int32), axis=0), np.maximum.reduce(x.view(np.uint32), axis=0)
         )
-        return np.maximum(positive, negative).view(F32), signed_max_of_finite(positive, negative, lambda g: x[:, g])
+        signed = signed_max_of_finite(positive, negative, lambda g: x[:, g])
+        return np.abs(signed), signed
     amax = np.fmax.reduce(np.abs(x), axis=0)  # fmax skips NaN
     amax[~(amax > 0)] = 0
     # np.argmax over axis 0 is slow; the sign is all we need, and only a tie between +amax and
