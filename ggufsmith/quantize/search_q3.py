@@ -218,12 +218,17 @@ class _Search:
         nmax, n_groups = self.nmax, x.shape[1]
         # candidates: slx > 0 and x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the
         # difference of these small numbers is exact, so this never misses a changed level
-        proposal = np.multiply(x, sl2, out=scratch("q3.proposal", x.shape))
-        proposal /= slx
-        distance = np.subtract(proposal, levels, out=scratch("q3.distance", x.shape))
+        distance = np.multiply(x, sl2, out=scratch("q3.distance", x.shape))
+        distance /= slx
+        distance -= levels
         np.abs(distance, out=distance)
-        candidate = np.less(distance, F32(0.5), out=scratch("q3.candidate", x.shape, bool))
-        np.logical_not(candidate, out=candidate)
+        candidate = scratch("q3.candidate", x.shape, bool)
+        if np.isfinite(sum_lx).all() and np.isfinite(sum_l2).all():
+            # then every term is finite (a group's terms share a sign), and where slx > 0 the
+            # proposal is finite or +-Inf, never NaN
+            np.greater_equal(distance, F32(0.5), out=candidate)
+        else:
+            np.logical_not(np.less(distance, F32(0.5), out=candidate), out=candidate)
         candidate &= np.greater(slx, 0, out=scratch("q3.positive", x.shape, bool))
         flat = np.flatnonzero(candidate)  # ordered by position, then group
         position, column = np.divmod(flat, n_groups)
@@ -231,16 +236,19 @@ class _Search:
             keep = np.flatnonzero(~excluded[column])
             flat, position, column = flat[keep], position[keep], column[keep]
         # ggml: new = clamp(nearest_int(x*sl2/slx)); if new != L: slx += w*x*new; sl2 += w*new*new;
-        # accepted if sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2
-        new = nearest_int_clipped(proposal.reshape(-1)[flat], -nmax, nmax - 1)
+        # accepted if sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2 (the proposal recomputed here,
+        # the same operations, on the candidates only)
         x_at = x.reshape(-1)[flat]
+        slx_at = slx.reshape(-1)[flat]
+        sl2_at = sl2.reshape(-1)[flat]
+        new = nearest_int_clipped(x_at * sl2_at / slx_at, -nmax, nmax - 1)
         weight = x_at * x_at
         new_lx = weight * x_at
         new_lx *= new
-        new_lx += slx.reshape(-1)[flat]
+        new_lx += slx_at
         new_l2 = weight * new
         new_l2 *= new
-        new_l2 += sl2.reshape(-1)[flat]
+        new_l2 += sl2_at
         run_lx, run_l2 = sum_lx[column], sum_l2[column]
         accepted = new != levels.reshape(-1)[flat]
         accepted &= new_l2 > 0
