@@ -19,7 +19,7 @@ MEASURE = textwrap.dedent(
     import resource, sys
     import numpy as np
     from ggufsmith.quantize import quantize
-    rows = np.random.default_rng(0).standard_normal((256, 4096), dtype=np.float32)
+    rows = np.random.default_rng(0).standard_normal((int(sys.argv[2]), 4096), dtype=np.float32)
     quantize(rows, sys.argv[1])  # the first call grows the heap to its working size
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     quantize(rows, sys.argv[1])
@@ -29,13 +29,18 @@ MEASURE = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the setting is glibc's; elsewhere it is a no-op")
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
-def test_repeated_quantization_reuses_memory_instead_of_faulting_pages(type_name):
+@pytest.mark.parametrize(
+    "type_name, n_rows",
+    # Q3_K takes chunks of 2M values: 8 MiB float32 temporaries, which must stay below the
+    # mmap threshold too (at 8 MiB they were mapped afresh: ~500 faults a chunk)
+    [("Q4_K", 256), ("Q6_K", 256), ("Q3_K", 512)],
+)
+def test_repeated_quantization_reuses_memory_instead_of_faulting_pages(type_name, n_rows):
     # A fresh interpreter: the heap's state must not depend on what other tests allocated.
     result = subprocess.run(
-        [sys.executable, "-c", MEASURE, type_name], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", MEASURE, type_name, str(n_rows)], cwd=ROOT, capture_output=True, text=True, check=True
     )
     faults = int(result.stdout.strip())
     # 1M values: ~11,000 (Q6_K: ~4,000) faults without the setting, 0 with it; the output array
     # (a few hundred KiB, mapped afresh each call) and numpy's own caches stay well below 300.
-    assert faults < 300, f"{type_name}: {faults} page faults quantizing 1M values a second time"
+    assert faults < 300, f"{type_name}: {faults} page faults quantizing {n_rows} rows of 4096 a second time"
