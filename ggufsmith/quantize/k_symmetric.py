@@ -46,19 +46,28 @@ def _requantize(by_group: np.ndarray, search_levels, group_scale: np.ndarray, nm
     return fresh
 
 
+# _fresh_levels works on slices of this many groups (512K values): its float32 temporaries stay
+# ~2 MiB each however large the chunk (Q3_K's are 2M values).
+_FRESH_GROUPS = 1 << 15
+
+
 def _fresh_levels(by_group: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
     """clamp(nearest_int(x / group_scale)) + nmax as uint8, for by_group [groups, n] and
     group_scale [groups]; meaningless where group_scale is 0 (divided by 1 there, so that no Inf
     sends every group the slow way)."""
-    divisor = np.where(group_scale != 0, group_scale, np.float32(1))
-    # each value's own divisor: a plain divide of two arrays is faster than a broadcast over rows of 16
-    divisor = np.repeat(divisor, by_group.shape[1])
-    # a kept buffer: a fresh one this size costs a page fault per 4 KiB (see scratch)
-    new = np.divide(by_group.reshape(-1), divisor, out=scratch("fresh_levels", divisor.shape))
-    round_clamped(new, nmax)
-    levels = new.astype(np.int8)  # -nmax .. nmax-1: the offset added on bytes, not floats
+    levels = np.empty(by_group.shape, dtype=np.int8)
+    for start in range(0, by_group.shape[0], _FRESH_GROUPS):
+        part = slice(start, start + _FRESH_GROUPS)
+        scale = group_scale[part]
+        divisor = np.where(scale != 0, scale, np.float32(1))
+        # each value's own divisor: a plain divide of two arrays is faster than a broadcast over rows of 16
+        divisor = np.repeat(divisor, by_group.shape[1])
+        # a kept buffer: a fresh one this size costs a page fault per 4 KiB (see scratch)
+        new = np.divide(by_group[part].reshape(-1), divisor, out=scratch("fresh_levels", divisor.shape))
+        round_clamped(new, nmax)
+        levels[part] = new.reshape(-1, by_group.shape[1])  # -nmax .. nmax-1: the offset added on bytes
     levels += np.int8(nmax)
-    return levels.view(np.uint8).reshape(by_group.shape)
+    return levels.view(np.uint8)
 
 
 def _super_scale(group_scales: np.ndarray, when_finite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
