@@ -36,15 +36,21 @@ from ggufsmith.quantize.numerics import (
 TILE_GROUPS = 16384
 
 
-def _clamped_levels(iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None) -> np.ndarray:
+def _clamped_levels(
+    iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None, within: bool = False
+) -> np.ndarray:
     """clamp(nearest_int(iscale * x), -nmax, nmax - 1) as float32 (exact small integers).
 
     For finite x, |iscale * x| <= nmax + 1 and np.rint is nearest_int. Group scales searched in
     turn (Q3_K) can be NaN or Inf after float32 overflow: then only the bit-level emulation is right.
+    within: the caller knows |iscale * x| < nmax - 1/2 (finite x, iscale = c/max with |c| well
+    below it): then the clamp changes nothing and is skipped.
     """
     if finite:
         out = np.multiply(x, iscale, out=out)
         np.rint(out, out=out)
+        if within:
+            return out
     else:
         rounded = nearest_int(x * iscale)
         if out is None:
@@ -83,9 +89,13 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         levels = aligned_empty(x.shape)
         terms = aligned_empty(x.shape)
 
-        def sums(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            """C's sumlx += w*x*l and suml2 += w*l*l, i.e. (w*x)*l and (w*l)*l, from 0."""
-            _clamped_levels(iscale, x, nmax, finite, out=levels)
+        def sums(numerator: np.float32) -> tuple[np.ndarray, np.ndarray]:
+            """C's sumlx += w*x*l and suml2 += w*l*l, i.e. (w*x)*l and (w*l)*l, from 0, for the
+            levels of iscale = numerator / max. |numerator| <= nmax - 0.6 (ggml's stretches of
+            -0.6 .. -0.9) keeps every |iscale * x| below nmax - 1/2 (float rounding adds a few
+            ulps): no clamp."""
+            within = abs(float(numerator)) < nmax - 0.55
+            _clamped_levels(numerator / signed_max, x, nmax, finite, out=levels, within=within)
             sum_lx, sum_l2 = np.empty((2, x.shape[1]), dtype=np.float32)
             sum_of_products(weighted_x, levels, sum_lx, terms)
             sum_of_triple_products(weights, levels, levels, sum_l2, terms)
@@ -94,13 +104,13 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         # iscale = numerator / max for ggml's candidates in its order: -nmax, then -(nmax + 0.1*is)
         # for is = -9 .. 9 but 0. Each group's winner so far is kept as its candidate's index.
         numerators = _qx_numerators(nmax)
-        sum_lx, sum_l2 = sums(numerators[0] / signed_max)
+        sum_lx, sum_l2 = sums(numerators[0])
         scale = np.where(sum_l2 != 0, sum_lx / sum_l2, np.float32(0))
         best = scale * sum_lx
         winner = np.zeros(x.shape[1], dtype=np.int32)
         take = np.empty(x.shape[1], dtype=np.int32)
         for index in range(1, numerators.size):
-            sum_lx, sum_l2 = sums(numerators[index] / signed_max)
+            sum_lx, sum_l2 = sums(numerators[index])
             better = sum_l2 > 0
             better &= sum_lx * sum_lx > best * sum_l2
             if not better.any():
