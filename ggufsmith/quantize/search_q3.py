@@ -216,8 +216,8 @@ class _Search:
         continues (None in the first round, where every sweep starts at 0); sweep: each group's
         sweep, advanced here for those that start the next one. excluded: groups that never move."""
         nmax, n_groups = self.nmax, x.shape[1]
-        # candidates: slx > 0 and x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the
-        # difference of these small numbers is exact, so this never misses a changed level
+        # candidates: x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the difference of
+        # these small numbers is exact, so this never misses a changed level
         distance = np.multiply(x, sl2, out=scratch("q3.distance", x.shape))
         distance /= slx
         distance -= levels
@@ -229,10 +229,14 @@ class _Search:
             np.greater_equal(distance, F32(0.5), out=candidate)
         else:
             np.logical_not(np.less(distance, F32(0.5), out=candidate), out=candidate)
-        candidate &= np.greater(slx, 0, out=scratch("q3.positive", x.shape, bool))
+        if resume is None:
+            # the first round runs on whole tiles: the groups that cannot move (slx <= 0) must
+            # not flood the candidates. Later rounds hold movers only, whose slx are >= 0 but
+            # for rare float corner cases: tested on the candidates below.
+            candidate &= np.greater(slx, 0, out=scratch("q3.positive", x.shape, bool))
         flat = np.flatnonzero(candidate)  # ordered by position, then group
         position, column = np.divmod(flat, n_groups)
-        if excluded is not None:
+        if excluded is not None and excluded.any():
             keep = np.flatnonzero(~excluded[column])
             flat, position, column = flat[keep], position[keep], column[keep]
         # ggml: new = clamp(nearest_int(x*sl2/slx)); if new != L: slx += w*x*new; sl2 += w*new*new;
@@ -251,6 +255,7 @@ class _Search:
         new_l2 += sl2_at
         run_lx, run_l2 = sum_lx[column], sum_l2[column]
         accepted = new != levels.reshape(-1)[flat]
+        accepted &= slx_at > 0
         accepted &= new_l2 > 0
         accepted &= new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2
         chosen = np.flatnonzero(accepted)
