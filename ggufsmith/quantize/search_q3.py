@@ -152,12 +152,7 @@ class _Search:
         levels = np.multiply(x, iscale, out=scratch("q3.tile_levels", shape))
         np.rint(levels, out=levels)
         clamp(levels, -nmax, nmax - 1)
-        # ggml: sumlx += w*x*L; suml2 += w*L*L, with w = x*x: (w*x)*L and (w*L)*L
-        weight = np.multiply(x, x, out=scratch("q3.w", shape))
-        slx = np.multiply(weight, x, out=scratch("q3.slx", shape))
-        slx *= levels
-        sl2 = np.multiply(weight, levels, out=scratch("q3.sl2", shape))
-        sl2 *= levels
+        slx, sl2 = _terms(x, levels)
         sum_lx = self.sums[0, start:stop]
         sum_l2 = self.sums[1, start:stop]
         sum_lx[...] = sum_from_zero(slx)
@@ -167,48 +162,33 @@ class _Search:
         np.subtract(sum_lx, slx, out=slx)
         np.subtract(sum_l2, sl2, out=sl2)
         moves = self._first_moves(x, levels, slx, sl2, sum_lx, sum_l2, None, None, excluded=all_zero)
-        group = moves.moving + start
-        self._apply(moves, levels, group)
-        return _State(
-            np.take(x, moves.moving, axis=1),
-            np.take(levels, moves.moving, axis=1),
-            moves.sum_lx,
-            moves.sum_l2,
-            group,
-            np.zeros(group.size, dtype=np.uint8),
-            (moves.position + 1).astype(np.uint8),
-        )
+        return self._moved(x, levels, moves, moves.moving + start, np.zeros(moves.moving.size, dtype=np.uint8))
 
     def later_round(self, state: _State) -> _State:
         """Apply each group's next move; returns the state of the groups that moved."""
         x, levels = state.x, state.levels
-        shape = x.shape
-        weight = np.multiply(x, x, out=scratch("q3.w", shape))
-        slx = np.multiply(weight, x, out=scratch("q3.slx", shape))
-        slx *= levels
+        slx, sl2 = _terms(x, levels)
         np.subtract(state.sum_lx, slx, out=slx)
-        sl2 = np.multiply(weight, levels, out=scratch("q3.sl2", shape))
-        sl2 *= levels
         np.subtract(state.sum_l2, sl2, out=sl2)
         moves = self._first_moves(x, levels, slx, sl2, state.sum_lx, state.sum_l2, state.resume, state.sweep)
-        group = state.group[moves.moving]
-        self._apply(moves, levels, group)
+        return self._moved(x, levels, moves, state.group[moves.moving], state.sweep[moves.moving])
+
+    def _moved(self, x, levels, moves: _Moves, group: np.ndarray, sweep: np.ndarray) -> _State:
+        """Apply the moves (to the round's levels and the call's results); returns the state of
+        the groups that moved (`group`: their index in the call, `sweep`: their sweeps)."""
+        levels[moves.position, moves.moving] = moves.level
+        self.moves.append((group, moves.position, moves.level))
+        self.sums[0, group] = moves.sum_lx
+        self.sums[1, group] = moves.sum_l2
         return _State(
             np.take(x, moves.moving, axis=1),
             np.take(levels, moves.moving, axis=1),
             moves.sum_lx,
             moves.sum_l2,
             group,
-            state.sweep[moves.moving],
+            sweep,
             (moves.position + 1).astype(np.uint8),
         )
-
-    def _apply(self, moves: _Moves, levels: np.ndarray, group: np.ndarray) -> None:
-        """Write the moves into the round's levels and the call's results."""
-        levels[moves.position, moves.moving] = moves.level
-        self.moves.append((group, moves.position, moves.level))
-        self.sums[0, group] = moves.sum_lx
-        self.sums[1, group] = moves.sum_l2
 
     def _first_moves(self, x, levels, slx, sl2, sum_lx, sum_l2, resume, sweep, excluded=None) -> _Moves:
         """Each group's next move from its current state: slx and sl2 are ggml's sums without
@@ -274,6 +254,17 @@ class _Search:
             moving = np.flatnonzero((first < _AHEAD_BIT) | (next_sweep & (sweep < SWEEPS)))
         at = first[moving] & _INDEX_MASK
         return _Moves(moving, position[at], new[at], new_lx[at], new_l2[at])
+
+
+def _terms(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's terms w*x*L and w*L*L, w = x*x, in its order of operations ((w*x)*L and (w*L)*L),
+    in scratch buffers [n, groups]."""
+    weight = np.multiply(x, x, out=scratch("q3.w", x.shape))
+    terms_lx = np.multiply(weight, x, out=scratch("q3.slx", x.shape))
+    terms_lx *= levels
+    terms_l2 = np.multiply(weight, levels, out=scratch("q3.sl2", x.shape))
+    terms_l2 *= levels
+    return terms_lx, terms_l2
 
 
 def _position_major_tile(by_group: np.ndarray, out: np.ndarray) -> np.ndarray:
