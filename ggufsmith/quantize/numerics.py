@@ -70,6 +70,30 @@ def clamp(values: np.ndarray, low, high) -> np.ndarray:
     return _CLIP(values, kind(low), kind(high), out=values)
 
 
+def clamped_levels(
+    iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None, within: bool = False
+) -> np.ndarray:
+    """clamp(nearest_int(iscale * x), -nmax, nmax - 1) as float32 (exact small integers).
+
+    For finite x, |iscale * x| <= nmax + 1 and np.rint is nearest_int. Group scales searched in
+    turn (Q3_K) can be NaN or Inf after float32 overflow: then only the bit-level emulation is right.
+    within: the caller knows |iscale * x| < nmax - 1/2 (finite x, iscale = c/max with |c| well
+    below it): then the clamp changes nothing and is skipped.
+    """
+    if finite:
+        out = np.multiply(x, iscale, out=out)
+        np.rint(out, out=out)
+        if within:
+            return out
+    else:
+        rounded = nearest_int(x * iscale)
+        if out is None:
+            out = np.empty(rounded.shape, dtype=np.float32)
+        out[...] = rounded
+    clamp(out, -nmax, nmax - 1)
+    return out
+
+
 def round_clamped(values: np.ndarray, nmax: int) -> None:
     """values = clamp(nearest_int(values), -nmax, nmax - 1) in place, as float32. np.rint is
     nearest_int for every value within its exact range; the others (a search dividing by a sum

@@ -41,7 +41,7 @@ import numpy as np
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     F32,
-    clamp,
+    clamped_levels,
     nearest_int_clipped,
     scratch,
     signed_max_abs,
@@ -123,9 +123,7 @@ class _Search:
         levels, then the moves replayed round by round (a group moves at most once a round)."""
         nmax = self.nmax
         with np.errstate(all="ignore"):  # all-zero groups' NaN levels, reset below
-            levels = self.by_group[groups] * self.iscale[groups, None]
-            np.rint(levels, out=levels)
-            clamp(levels, -nmax, nmax - 1)
+            levels = clamped_levels(self.iscale[groups, None], self.by_group[groups], nmax, finite=True)
             row = np.full(self.sums.shape[1], -1, dtype=np.intp)
             row[groups] = np.arange(groups.size)
             for group, position, level in self.moves:
@@ -149,9 +147,7 @@ class _Search:
         all_zero = amax < GROUP_MAX_EPS
         self.all_zero[start:stop] = all_zero
         iscale = np.divide(F32(-nmax), signed_max, out=self.iscale[start:stop])
-        levels = np.multiply(x, iscale, out=scratch("q3.tile_levels", shape))
-        np.rint(levels, out=levels)
-        clamp(levels, -nmax, nmax - 1)
+        levels = clamped_levels(iscale, x, nmax, finite=True, out=scratch("q3.tile_levels", shape))
         slx, sl2 = _terms(x, levels)
         sum_lx = self.sums[0, start:stop]
         sum_l2 = self.sums[1, start:stop]

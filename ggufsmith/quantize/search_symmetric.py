@@ -16,16 +16,12 @@ import numpy as np
 
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
-    NEAREST_INT_EXACT,
     aligned_copy,
     aligned_empty,
     all_bits_where,
-    clamp,
-    nearest_int,
-    scratch,
+    clamped_levels,
     select_bits,
     signed_max_abs,
-    sum_from_zero,
     sum_of_products,
     sum_of_triple_products,
 )
@@ -34,30 +30,6 @@ from ggufsmith.quantize.numerics import (
 # K-quant chunk of Q6_K in one tile. Measured 5% faster for Q6_K than L2-sized tiles of 4096 groups
 # on the 2-core AMD EPYC (see SEARCH_BATCH_ELEMENTS in search_affine.py).
 TILE_GROUPS = 16384
-
-
-def _clamped_levels(
-    iscale: np.ndarray, x: np.ndarray, nmax: int, finite: bool, out: np.ndarray | None = None, within: bool = False
-) -> np.ndarray:
-    """clamp(nearest_int(iscale * x), -nmax, nmax - 1) as float32 (exact small integers).
-
-    For finite x, |iscale * x| <= nmax + 1 and np.rint is nearest_int. Group scales searched in
-    turn (Q3_K) can be NaN or Inf after float32 overflow: then only the bit-level emulation is right.
-    within: the caller knows |iscale * x| < nmax - 1/2 (finite x, iscale = c/max with |c| well
-    below it): then the clamp changes nothing and is skipped.
-    """
-    if finite:
-        out = np.multiply(x, iscale, out=out)
-        np.rint(out, out=out)
-        if within:
-            return out
-    else:
-        rounded = nearest_int(x * iscale)
-        if out is None:
-            out = np.empty(rounded.shape, dtype=np.float32)
-        out[...] = rounded
-    clamp(out, -nmax, nmax - 1)
-    return out
 
 
 def make_qx_quants(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -95,7 +67,7 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             -0.6 .. -0.9) keeps every |iscale * x| below nmax - 1/2 (float rounding adds a few
             ulps): no clamp."""
             within = abs(float(numerator)) < nmax - 0.55
-            _clamped_levels(numerator / signed_max, x, nmax, finite, out=levels, within=within)
+            clamped_levels(numerator / signed_max, x, nmax, finite, out=levels, within=within)
             sum_lx, sum_l2 = np.empty((2, x.shape[1]), dtype=np.float32)
             sum_of_products(weighted_x, levels, sum_lx, terms)
             sum_of_triple_products(weights, levels, levels, sum_l2, terms)
@@ -124,7 +96,7 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
             np.maximum(winner, take & np.int32(index), out=winner)
         # ggml recomputes the levels from the winning iscale; so do we, once, at the end
         best_iscale = numerators[winner] / signed_max
-        best_levels = _clamped_levels(best_iscale, x, nmax, finite, out=levels)
+        best_levels = clamped_levels(best_iscale, x, nmax, finite, out=levels)
         all_zero = amax < GROUP_MAX_EPS  # their levels are NaN here (0 * -inf): cast, then reset
         scale[all_zero] = 0
         out = (best_levels + np.float32(nmax)).astype(np.uint8)
