@@ -168,16 +168,13 @@ def _q3_k_group_weights(rows: np.ndarray, importance: np.ndarray, x: np.ndarray)
 # call, on ever fewer groups; its start and first round go tile by tile), so Q3_K asks the
 # registry for chunks of 2M values (8 MiB of float32) rather than its default 128K: against 512K,
 # the ratio to ggml's C went 0.69-0.74x -> 0.79-0.85x (interleaved, median of 12). With an
-# imatrix (make_qx_quants, tiled anyway) pieces of 512K stay best: 1M was 10% slower.
+# imatrix (make_qx_quants, tiled anyway) chunks of 512K stay best: 1M was 10% slower.
 Q3_K_CHUNK_ELEMENTS = 1 << 21
-Q3_K_IMATRIX_PIECE_ELEMENTS = 1 << 19
+Q3_K_IMATRIX_CHUNK_ELEMENTS = 1 << 19
 
 
 @float_warnings_off
 def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
-    step = max(1, Q3_K_IMATRIX_PIECE_ELEMENTS // rows.shape[1])
-    if importance is not None and rows.shape[0] > step:
-        return np.concatenate([_q3_k_quantize(rows[i : i + step], importance) for i in range(0, rows.shape[0], step)])
     n_blocks = rows.size // QK_K
     by_group = rows.reshape(-1, GROUP)
     if importance is None:
@@ -278,6 +275,11 @@ register(
 )
 register(
     QuantFormat(
-        GGMLType.Q3_K, _q3_k_quantize, _q3_k_dequantize, supports_importance=True, chunk_elements=Q3_K_CHUNK_ELEMENTS
+        GGMLType.Q3_K,
+        _q3_k_quantize,
+        _q3_k_dequantize,
+        supports_importance=True,
+        chunk_elements=Q3_K_CHUNK_ELEMENTS,
+        importance_chunk_elements=Q3_K_IMATRIX_CHUNK_ELEMENTS,
     )
 )

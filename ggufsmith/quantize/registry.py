@@ -50,6 +50,9 @@ class QuantFormat:
     # Input elements per quantize_rows call, if not CHUNK_ELEMENTS: for a type whose per-call cost
     # has a large fixed part (Q3_K's iterative sweeps).
     chunk_elements: int | None = None
+    # The same when an importance vector is given, if it differs (Q3_K: its imatrix search is
+    # another, tiled anyway, and best on smaller chunks).
+    importance_chunk_elements: int | None = None
     # For stored data: which rows (uint8[n_rows, row_bytes] -> bool[n_rows]) hold blocks that
     # ggml_validate_row_data rejects although they decode to finite values (MXFP4's exponent 0xFF,
     # E8M0's NaN). Blocks that decode to NaN or Inf need no such test.
@@ -132,7 +135,10 @@ def quantize(array: np.ndarray, ggml_type: GGMLType | int | str, importance: np.
     rows = array.reshape(n_rows, row_length)
     keep_freed_memory()  # the chunks' temporaries reuse the same pages (see allocator.py)
     out = np.empty((n_rows, fmt.row_bytes(row_length)), dtype=np.uint8)
-    step = max(1, (fmt.chunk_elements or CHUNK_ELEMENTS) // max(row_length, 1))
+    chunk_elements = fmt.chunk_elements or CHUNK_ELEMENTS
+    if importance is not None and fmt.importance_chunk_elements:
+        chunk_elements = fmt.importance_chunk_elements
+    step = max(1, chunk_elements // max(row_length, 1))
     for start in range(0, n_rows, step):
         chunk = np.ascontiguousarray(rows[start : start + step], dtype=np.float32)
         if fmt.checks_finite and not np.isfinite(chunk).all():
