@@ -28,7 +28,6 @@ ROUNDING_MAGIC = F32(12582912.0)
 # nearest_int's trick is exact rounding for |v| <= 4194303; beyond it C wraps, which np.rint doesn't.
 NEAREST_INT_EXACT = F32(4194303)
 _ZERO = F32(0)
-_SIGN_BIT = np.int32(-(2**31))
 _TRANSPOSE_SLICE = 256
 
 
@@ -287,10 +286,15 @@ def largest_magnitudes(top_signed: np.ndarray, top_unsigned: np.ndarray) -> tupl
     reductions need no elementwise pass over the data and are several times faster than
     float ones. (NaN would win them: finite data only.)"""
     positive = np.maximum(top_signed, -1)
-    # a group without negative values has its largest as uint32 below 2**31: non-negative as int32
+    # a group without negative values has its largest as uint32 below 2**31: non-negative as int32.
+    # Branch-free (np.where on a random mask mispredicts, ~2 ns a value): the magnitude bits,
+    # or'ed with all ones (-1) where the sign bit is clear
     negative = top_unsigned.view(np.int32)
-    negative = np.where(negative < 0, negative & 0x7FFFFFFF, -1)  # (a masked store is slower)
-    return positive, negative
+    absent = np.right_shift(negative, 31)  # -1 where negative values occur, else 0
+    np.invert(absent, out=absent)
+    magnitude = negative & 0x7FFFFFFF
+    magnitude |= absent
+    return positive, magnitude
 
 
 def signed_max_of_finite(positive: np.ndarray, negative: np.ndarray, lanes_of) -> np.ndarray:
@@ -299,7 +303,10 @@ def signed_max_of_finite(positive: np.ndarray, negative: np.ndarray, lanes_of) -
     `lanes_of(groups)` gives those groups' values as [position, group], to find which came first."""
     amax = np.maximum(positive, negative)
     # a group of zeros (any signs) gives +0.0: -0.0 never passes `amax < fabsf(v)`
-    signed = np.where(negative > np.maximum(positive, 0), amax | _SIGN_BIT, amax).view(F32)
+    # the sign bit set where the negative side wins, without branches (see largest_magnitudes)
+    negative_wins = (negative > np.maximum(positive, 0)).astype(np.uint32)
+    negative_wins <<= np.uint32(31)
+    signed = (amax.view(np.uint32) | negative_wins).view(F32)
     ties = np.flatnonzero((positive == negative) & (amax > 0))
     if ties.size:
         tied = lanes_of(ties)
