@@ -153,11 +153,15 @@ class _Search:
         sum_l2 = self.sums[1, start:stop]
         sum_lx[...] = sum_from_zero(slx)
         sum_l2[...] = sum_from_zero(sl2)
-        # the first round, every group at once (those that cannot move have no candidates but
-        # the all-zero ones, which ggml never sweeps)
+        # the first round, every group at once. Only groups whose max is negative can move (see
+        # the module's docstring) and ggml never sweeps the all-zero ones: the others get NaN
+        # for sl2, so no candidates (a pass over their terms, where a mask would cost two; NaN
+        # as 0/0, since np.where on a random mask is several times slower)
+        movable = signed_max < 0
+        movable &= ~all_zero
         np.subtract(sum_lx, slx, out=slx)
-        np.subtract(sum_l2, sl2, out=sl2)
-        moves = self._first_moves(x, levels, slx, sl2, sum_lx, sum_l2, None, None, excluded=all_zero)
+        np.subtract(sum_l2 + np.divide(F32(0), movable, dtype=F32), sl2, out=sl2)
+        moves = self._first_moves(x, levels, slx, sl2, sum_lx, sum_l2, None, None, movable=movable)
         return self._moved(x, levels, moves, moves.moving + start, np.zeros(moves.moving.size, dtype=np.uint8))
 
     def later_round(self, state: _State) -> _State:
@@ -177,8 +181,8 @@ class _Search:
         self.sums[0, group] = moves.sum_lx
         self.sums[1, group] = moves.sum_l2
         return _State(
-            np.take(x, moves.moving, axis=1),
-            np.take(levels, moves.moving, axis=1),
+            np.take(x, moves.moving, axis=1, mode="clip"),
+            np.take(levels, moves.moving, axis=1, mode="clip"),
             moves.sum_lx,
             moves.sum_l2,
             group,
@@ -186,11 +190,12 @@ class _Search:
             (moves.position + 1).astype(np.uint8),
         )
 
-    def _first_moves(self, x, levels, slx, sl2, sum_lx, sum_l2, resume, sweep, excluded=None) -> _Moves:
+    def _first_moves(self, x, levels, slx, sl2, sum_lx, sum_l2, resume, sweep, movable=None) -> _Moves:
         """Each group's next move from its current state: slx and sl2 are ggml's sums without
         each position's own terms ([n, groups], clobbered). resume: where each group's sweep
         continues (None in the first round, where every sweep starts at 0); sweep: each group's
-        sweep, advanced here for those that start the next one. excluded: groups that never move."""
+        sweep, advanced here for those that start the next one. movable: in the first round, the
+        groups that can move (the others' sl2 are NaN)."""
         nmax, n_groups = self.nmax, x.shape[1]
         # candidates: x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the difference of
         # these small numbers is exact, so this never misses a changed level
@@ -199,22 +204,19 @@ class _Search:
         distance -= levels
         np.abs(distance, out=distance)
         candidate = scratch("q3.candidate", x.shape, bool)
-        if np.isfinite(sum_lx).all() and np.isfinite(sum_l2).all():
+        finite = np.isfinite(sum_lx).all() and np.isfinite(sum_l2).all()
+        if finite:
             # then every term is finite (a group's terms share a sign), and where slx > 0 the
-            # proposal is finite or +-Inf, never NaN
+            # proposal is finite or +-Inf, never NaN: NaN marks a group that cannot move
             np.greater_equal(distance, F32(0.5), out=candidate)
         else:
             np.logical_not(np.less(distance, F32(0.5), out=candidate), out=candidate)
-        if resume is None:
-            # the first round runs on whole tiles: the groups that cannot move (slx <= 0) must
-            # not flood the candidates. Later rounds hold movers only, whose slx are >= 0 but
-            # for rare float corner cases: tested on the candidates below.
-            candidate &= np.greater(slx, 0, out=scratch("q3.positive", x.shape, bool))
         flat = np.flatnonzero(candidate)  # ordered by position, then group
         position, column = np.divmod(flat, n_groups)
-        if excluded is not None and excluded.any():
-            keep = np.flatnonzero(~excluded[column])
+        if movable is not None and not finite:
+            keep = np.flatnonzero(movable[column])
             flat, position, column = flat[keep], position[keep], column[keep]
+        # (positions where slx <= 0 can be candidates here: they are not accepted below)
         # ggml: new = clamp(nearest_int(x*sl2/slx)); if new != L: slx += w*x*new; sl2 += w*new*new;
         # accepted if sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2 (the proposal recomputed here,
         # the same operations, on the candidates only)
