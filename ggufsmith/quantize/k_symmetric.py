@@ -15,6 +15,7 @@ from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, register
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
+    NEAREST_INT_EXACT,
     clamp,
     float_warnings_off,
     fp16_round_trip,
@@ -34,13 +35,15 @@ GROUP = 16
 GROUPS = QK_K // GROUP
 
 
-def _requantize(by_group: np.ndarray, search_levels, group_scale: np.ndarray, nmax: int) -> np.ndarray:
+def _requantize(
+    by_group: np.ndarray, search_levels, group_scale: np.ndarray, nmax: int, largest: float | None = None
+) -> np.ndarray:
     """Levels of every group against its final (stored) scale, uint8 [groups, 16] in the values'
     own order, from the rows as groups (by_group [groups, 16]): so the levels need no transpose
     to be packed (a uint8 transpose of a chunk cost ~6% of Q6_K's time). Groups whose scale is 0
     keep the search's levels, search_levels(groups) -> uint8 [len(groups), 16], as ggml's
-    `if (!d) continue;` does."""
-    fresh = _fresh_levels(by_group, group_scale, nmax)
+    `if (!d) continue;` does. largest: the largest magnitude in by_group, if known."""
+    fresh = _fresh_levels(by_group, group_scale, nmax, largest)
     keep = np.flatnonzero(group_scale == 0)  # rare: patched rather than a full-size np.where
     if keep.size:
         fresh[keep] = search_levels(keep)
@@ -52,20 +55,25 @@ def _requantize(by_group: np.ndarray, search_levels, group_scale: np.ndarray, nm
 _FRESH_GROUPS = 1 << 15
 
 
-def _fresh_levels(by_group: np.ndarray, group_scale: np.ndarray, nmax: int) -> np.ndarray:
+def _fresh_levels(by_group: np.ndarray, group_scale: np.ndarray, nmax: int, largest: float | None) -> np.ndarray:
     """clamp(nearest_int(x / group_scale)) + nmax as uint8, for by_group [groups, n] and
     group_scale [groups]; meaningless where group_scale is 0 (divided by 1 there, so that no Inf
-    sends every group the slow way)."""
+    sends every group the slow way). With `largest` (the largest |x|) a slice whose every
+    |x / scale| is within np.rint's exact range, by a margin of 2, skips round_clamped's range check."""
     levels = np.empty(by_group.shape, dtype=np.int8)
     for start in range(0, by_group.shape[0], _FRESH_GROUPS):
         part = slice(start, start + _FRESH_GROUPS)
         scale = group_scale[part]
-        divisor = scale + (scale == 0)  # (np.where is several times slower)
+        scale_or_one = scale + (scale == 0)  # (np.where is several times slower)
         # each value's own divisor: a plain divide of two arrays is faster than a broadcast over rows of 16
-        divisor = np.repeat(divisor, by_group.shape[1])
+        divisor = np.repeat(scale_or_one, by_group.shape[1])
         # a kept buffer: a fresh one this size costs a page fault per 4 KiB (see scratch)
         new = np.divide(by_group[part].reshape(-1), divisor, out=scratch("fresh_levels", divisor.shape))
-        round_clamped(new, nmax)
+        if largest is not None and largest <= NEAREST_INT_EXACT / 2 * float(np.minimum.reduce(np.abs(scale_or_one))):
+            np.rint(new, out=new)
+            clamp(new, -nmax, nmax - 1)
+        else:
+            round_clamped(new, nmax)
         levels[part] = new.reshape(-1, by_group.shape[1])  # -nmax .. nmax-1: the offset added on bytes
     levels += np.int8(nmax)
     return levels.view(np.uint8)
@@ -187,19 +195,20 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     n_blocks = rows.size // QK_K
     by_group = rows.reshape(-1, GROUP)
     if importance is None:
-        group_scales, levels_of = make_q3_quants(by_group, 4)
+        group_scales, levels_of, largest = make_q3_quants(by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
         x = position_major(rows, GROUP)
         weights = _q3_k_group_weights(rows, importance, x)
         group_scales, search_levels = make_qx_quants(x, 4, weights)  # position-major
         stored, d = _q3_k_scales_weighted(group_scales, sum_from_zero(weights))
+        largest = None
 
         def levels_of(groups: np.ndarray) -> np.ndarray:
             return search_levels[:, groups].T
     d_bytes, d_stored = fp16_round_trip(d)
     group_scale = (d_stored[:, None] * (stored.astype(np.float32) - np.float32(32))).reshape(-1)
-    levels = _requantize(by_group, levels_of, group_scale, 4).reshape(n_blocks, QK_K)
+    levels = _requantize(by_group, levels_of, group_scale, 4, largest).reshape(n_blocks, QK_K)
 
     out = np.empty((n_blocks, Q3_K_BYTES), dtype=np.uint8)
     _pack_q3_k_levels(levels, out)

@@ -61,12 +61,12 @@ _INDEX_MASK = np.int64(0xFFFFFFFF)
 _NO_MOVE = np.iinfo(np.int64).max
 
 
-def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray], float]:
     """by_group: float32 [groups, n], finite (the registry checked it). Returns (scale
-    float32 [groups], levels_of): levels_of(groups) gives those groups' final levels, uint8
-    [len(groups), n] in 0 .. 2*nmax-1, group-major (Q3_K needs them only for the rare groups whose
-    stored scale rounds to 0). All-zero groups (largest magnitude below GROUP_MAX_EPS) get scale 0
-    and levels 0, as in ggml.
+    float32 [groups], levels_of, largest): levels_of(groups) gives those groups' final levels,
+    uint8 [len(groups), n] in 0 .. 2*nmax-1, group-major (Q3_K needs them only for the rare groups
+    whose stored scale rounds to 0); largest is the largest magnitude of all values. All-zero
+    groups (largest magnitude below GROUP_MAX_EPS) get scale 0 and levels 0, as in ggml.
     """
     search = _Search(by_group, nmax)
     with np.errstate(all="ignore"):  # all-zero groups: -nmax/0 and 0*inf; overwritten below
@@ -77,7 +77,7 @@ def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callabl
         scale = sum_lx / sum_l2
     scale[np.flatnonzero(~(sum_l2 > 0))] = 0  # rare: patched (np.where costs ~2 ns a group)
     scale[search.all_zero] = 0
-    return scale, search.levels_of
+    return scale, search.levels_of, search.largest
 
 
 class _State:
@@ -122,8 +122,8 @@ class _Search:
         self.iscale = scratch("q3.iscale", (n_groups,))
         self.all_zero = scratch("q3.all_zero", (n_groups,), bool)
         self.moves: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        # whether every group so far is bounded (_BOUNDED): then all their sums are finite
-        self.bounded = True
+        # the largest magnitude so far, and whether it is bounded (_BOUNDED): then all sums are finite
+        self.largest, self.bounded = 0.0, True
 
     def levels_of(self, groups: np.ndarray) -> np.ndarray:
         """The final levels of these groups, uint8 [len(groups), n] in 0 .. 2*nmax-1: the start
@@ -151,7 +151,9 @@ class _Search:
         nmax, shape = self.nmax, (self.n, stop - start)
         x = _position_major_tile(self.by_group[start:stop], scratch("q3.tile_x", shape))
         amax, signed_max = signed_max_abs(x, finite=True)
-        bounded = bool(np.maximum.reduce(amax) <= _BOUNDED)
+        largest = float(np.maximum.reduce(amax))
+        bounded = largest <= _BOUNDED
+        self.largest = max(self.largest, largest)
         self.bounded &= bounded
         all_zero = amax < GROUP_MAX_EPS
         self.all_zero[start:stop] = all_zero
