@@ -46,6 +46,7 @@ from ggufsmith.quantize.numerics import (
     scratch,
     signed_max_abs,
     sum_from_zero,
+    sum_of_triple_products,
 )
 
 # Groups per tile for the start and first round: 16 x 16384 float32 = 1 MiB per array. Measured
@@ -53,6 +54,10 @@ from ggufsmith.quantize.numerics import (
 Q3_TILE_GROUPS = 16384
 # A group whose largest magnitude is at most this has finite terms and sums (at most 64 * 2**120)
 _BOUNDED = F32(2.0**40)
+# The candidates' test by products (_candidates_by_products) needs every product normal and
+# finite: groups of largest magnitude within this range (or all-zero), and its margin
+_PRODUCT_TEST_RANGE = (F32(2.0**-30), F32(2.0**36))
+_PRODUCT_TEST_MARGIN = F32(2.0**-12)
 SWEEPS = 5
 # A move's key for the minimum per group: (not ahead of the sweep, position, candidate index).
 _AHEAD_BIT = np.int64(1) << np.int64(40)
@@ -112,10 +117,12 @@ class _Search:
         n_groups, self.n = by_group.shape
         self.sums = scratch("q3.sums", (2, n_groups))
         self.iscale = scratch("q3.iscale", (n_groups,))
+        self.amax = scratch("q3.amax", (n_groups,))
         self.all_zero = scratch("q3.all_zero", (n_groups,), bool)
         self.moves: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        # the largest magnitude so far, and whether it is bounded (_BOUNDED): then all sums are finite
-        self.largest, self.bounded = 0.0, True
+        # the largest magnitude so far; whether every group so far has finite sums (_BOUNDED)
+        # and is within the range of the candidates' test by products (_PRODUCT_TEST_RANGE)
+        self.largest, self.bounded, self.by_products = 0.0, True, True
 
     def levels_of(self, groups: np.ndarray) -> np.ndarray:
         """The final levels of these groups, uint8 [len(groups), n] in 0 .. 2*nmax-1: the start
@@ -153,28 +160,33 @@ class _Search:
         nmax, shape = self.nmax, (self.n, stop - start)
         x = _position_major_tile(self.by_group[start:stop], scratch("q3.tile_x", shape))
         amax, signed_max = signed_max_abs(x, finite=True)
-        largest = float(np.maximum.reduce(amax))
-        bounded = largest <= _BOUNDED
-        self.largest = max(self.largest, largest)
-        self.bounded &= bounded
+        self.amax[start:stop] = amax
         all_zero = amax < GROUP_MAX_EPS
         self.all_zero[start:stop] = all_zero
+        largest = float(np.maximum.reduce(amax))
+        self.largest = max(self.largest, largest)
+        bounded = largest <= _BOUNDED
+        by_products = largest <= _PRODUCT_TEST_RANGE[1] and np.count_nonzero(amax < _PRODUCT_TEST_RANGE[0]) == np.count_nonzero(all_zero)
+        self.bounded &= bounded
+        self.by_products &= by_products
         iscale = np.divide(F32(-nmax), signed_max, out=self.iscale[start:stop])
         levels = clamped_levels(iscale, x, nmax, finite=True, out=scratch("q3.tile_levels", shape))
-        slx, sl2 = _terms(x, levels)
+        weight, terms_lx = _weight_and_terms(x, levels)
         sum_lx = self.sums[0, start:stop]
-        sum_l2 = self.sums[1, start:stop]
-        sum_lx[...] = sum_from_zero(slx)
-        sum_l2[...] = sum_from_zero(sl2)
+        sum_lx[...] = sum_from_zero(terms_lx)
+        sum_l2 = sum_of_triple_products(weight, levels, levels, self.sums[1, start:stop], scratch("q3.terms_l2", shape))
         # the first round, every group at once. Only groups whose max is negative can move (see
-        # the module's docstring) and ggml never sweeps the all-zero ones: the others get NaN
-        # for sl2, so no candidates (a pass over their terms, where a mask would cost two; NaN
-        # as 0/0, since np.where on a random mask is several times slower)
+        # the module's docstring) and ggml never sweeps the all-zero ones: the test sees the
+        # others' suml2 as NaN, so they have no candidates (NaN as 0/0: np.where on a random
+        # mask is several times slower)
         movable = signed_max < 0
         movable &= ~all_zero
-        np.subtract(sum_lx, slx, out=slx)
-        np.subtract(sum_l2 + np.divide(F32(0), movable, dtype=F32), sl2, out=sl2)
-        moves = self._first_moves(x, levels, slx, sl2, sum_lx, sum_l2, None, None, bounded, movable)
+        unless_movable = np.divide(F32(0), movable, dtype=F32)
+        if by_products:
+            flat = _candidates_by_products(x, levels, weight, terms_lx, sum_lx, sum_l2 + unless_movable, amax)
+        else:
+            flat = _candidates_by_division(x, levels, weight, terms_lx, sum_lx, sum_l2 + unless_movable, bounded, movable)
+        moves = self._first_moves(x, levels, terms_lx, flat, sum_lx, sum_l2, None, None)
         group = moves.moving + start
         self._record(moves, group)
         return group, moves.position, moves.level, moves.sum_lx, moves.sum_l2
@@ -182,10 +194,12 @@ class _Search:
     def later_round(self, state: _State) -> _State:
         """Apply each group's next move; returns the state of the groups that moved."""
         x, levels = state.x, state.levels
-        slx, sl2 = _terms(x, levels)
-        np.subtract(state.sum_lx, slx, out=slx)
-        np.subtract(state.sum_l2, sl2, out=sl2)
-        moves = self._first_moves(x, levels, slx, sl2, state.sum_lx, state.sum_l2, state.resume, state.sweep, self.bounded)
+        weight, terms_lx = _weight_and_terms(x, levels)
+        if self.by_products:
+            flat = _candidates_by_products(x, levels, weight, terms_lx, state.sum_lx, state.sum_l2, self.amax[state.group])
+        else:
+            flat = _candidates_by_division(x, levels, weight, terms_lx, state.sum_lx, state.sum_l2, self.bounded, None)
+        moves = self._first_moves(x, levels, terms_lx, flat, state.sum_lx, state.sum_l2, state.resume, state.sweep)
         group = state.group[moves.moving]
         self._record(moves, group)
         levels.reshape(-1)[moves.flat] = moves.level
@@ -205,54 +219,37 @@ class _Search:
         self.sums[0, group] = moves.sum_lx
         self.sums[1, group] = moves.sum_l2
 
-    def _first_moves(self, x, levels, slx, sl2, sum_lx, sum_l2, resume, sweep, bounded, movable=None) -> _Moves:
-        """Each group's next move from its current state: slx and sl2 are ggml's sums without
-        each position's own terms ([n, groups], clobbered). resume: where each group's sweep
+    def _first_moves(self, x, levels, terms_lx, flat, sum_lx, sum_l2, resume, sweep) -> _Moves:
+        """Each group's next move from its current state, decided on the candidates (flat
+        indices into the [n, groups] arrays, in order). resume: where each group's sweep
         continues (None in the first round, where every sweep starts at 0); sweep: each group's
-        sweep, advanced here for those that start the next one. bounded: every group that can
-        move has finite sums (_BOUNDED). movable: in the first round, the groups that can move
-        (the others' sl2 are NaN)."""
+        sweep, advanced here for those that start the next one."""
         nmax, n_groups = self.nmax, x.shape[1]
-        # candidates: x*sl2/slx not within 0.5 of L (NaN included); near 0.5 the difference of
-        # these small numbers is exact, so this never misses a changed level
-        distance = np.multiply(x, sl2, out=scratch("q3.distance", x.shape))
-        distance /= slx
-        distance -= levels
-        np.abs(distance, out=distance)
-        candidate = scratch("q3.candidate", x.shape, bool)
-        finite = bounded or (np.isfinite(sum_lx).all() and np.isfinite(sum_l2).all())
-        if finite:
-            # then every term is finite (a group's terms share a sign), and where slx > 0 the
-            # proposal is finite or +-Inf, never NaN: NaN marks a group that cannot move
-            np.greater_equal(distance, F32(0.5), out=candidate)
-        else:
-            np.logical_not(np.less(distance, F32(0.5), out=candidate), out=candidate)
-        flat = np.flatnonzero(candidate)  # ordered by position, then group
         if n_groups & (n_groups - 1):
             position, column = np.divmod(flat, n_groups)
         else:  # a power of two (every full tile): a shift and a mask, ~3x faster than divmod
             position = flat >> (n_groups.bit_length() - 1)
             column = flat & (n_groups - 1)
-        if movable is not None and not finite:
-            keep = np.flatnonzero(movable[column])
-            flat, position, column = flat[keep], position[keep], column[keep]
-        # (positions where slx <= 0 can be candidates here: they are not accepted below)
-        # ggml: new = clamp(nearest_int(x*sl2/slx)); if new != L: slx += w*x*new; sl2 += w*new*new;
-        # accepted if sl2 > 0 && slx*slx*suml2 > sumlx*sumlx*sl2 (the proposal recomputed here,
-        # the same operations, on the candidates only)
+        # ggml: slx = sumlx - w*x*L; sl2 = suml2 - w*L*L; new = clamp(nearest_int(x*sl2/slx));
+        # if new != L: slx += w*x*new; sl2 += w*new*new; accepted if slx > 0 (checked first
+        # in ggml), sl2 > 0 and slx*slx*suml2 > sumlx*sumlx*sl2. The same operations, on the
+        # candidates only.
         x_at = x.reshape(-1)[flat]
-        slx_at = slx.reshape(-1)[flat]
-        sl2_at = sl2.reshape(-1)[flat]
-        new = nearest_int_clipped(x_at * sl2_at / slx_at, -nmax, nmax - 1)
+        level_at = levels.reshape(-1)[flat]
+        run_lx, run_l2 = sum_lx[column], sum_l2[column]
+        slx_at = run_lx - terms_lx.reshape(-1)[flat]
         weight = x_at * x_at
+        sl2_at = weight * level_at
+        sl2_at *= level_at
+        np.subtract(run_l2, sl2_at, out=sl2_at)
+        new = nearest_int_clipped(x_at * sl2_at / slx_at, -nmax, nmax - 1)
         new_lx = weight * x_at
         new_lx *= new
         new_lx += slx_at
         new_l2 = weight * new
         new_l2 *= new
         new_l2 += sl2_at
-        run_lx, run_l2 = sum_lx[column], sum_l2[column]
-        accepted = new != levels.reshape(-1)[flat]
+        accepted = new != level_at
         accepted &= slx_at > 0
         accepted &= new_l2 > 0
         accepted &= new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2
@@ -275,15 +272,58 @@ class _Search:
         return _Moves(moving, flat[at], position[at], new[at], new_lx[at], new_l2[at])
 
 
-def _terms(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's terms w*x*L and w*L*L, w = x*x, in its order of operations ((w*x)*L and (w*L)*L),
-    in scratch buffers [n, groups]."""
+def _weight_and_terms(x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w = x*x and ggml's terms w*x*L (in its order, (w*x)*L), in scratch buffers [n, groups]."""
     weight = np.multiply(x, x, out=scratch("q3.w", x.shape))
-    terms_lx = np.multiply(weight, x, out=scratch("q3.slx", x.shape))
+    terms_lx = np.multiply(weight, x, out=scratch("q3.terms_lx", x.shape))
     terms_lx *= levels
-    terms_l2 = np.multiply(weight, levels, out=scratch("q3.sl2", x.shape))
-    terms_l2 *= levels
-    return terms_lx, terms_l2
+    return weight, terms_lx
+
+
+def _candidates_by_products(x, levels, weight, terms_lx, sum_lx, sum_l2, amax) -> np.ndarray:
+    """The positions whose proposal may differ from L, as flat indices in order, for groups
+    within _PRODUCT_TEST_RANGE (NaN sums: no candidates). weight is clobbered.
+
+    In exact arithmetic on ggml's float terms t1 = w*x*L, t2 = w*L*L, with slx = S1 - t1:
+    x*(S2 - t2)/slx - L = (x*S2 - L*S1 + E)/slx, E = L*t1 - x*t2 (zero but for the terms'
+    rounding), so a changed level (|x*sl2/slx - L| >= 0.5) needs |2*x*S2 - 2*L*S1| >= slx
+    within rounding: no division, and no sl2 for every position. The rounding (ggml's ~5 ulps
+    on the proposal, ~6 on E, ~2 on each product here, all below 1000 ulps of S1 + amax*S2) is
+    covered by lowering slx by 2**-12 of that: a superset, decided exactly by _first_moves."""
+    distance = np.multiply(x, sum_l2 * F32(2), out=scratch("q3.distance", x.shape))
+    np.subtract(distance, np.multiply(levels, sum_lx * F32(2), out=weight), out=distance)
+    np.abs(distance, out=distance)
+    lowered = sum_lx - _PRODUCT_TEST_MARGIN * (sum_lx + amax * sum_l2)
+    np.subtract(lowered, terms_lx, out=weight)
+    candidate = np.greater_equal(distance, weight, out=scratch("q3.candidate", x.shape, bool))
+    return np.flatnonzero(candidate)  # ordered by position, then group
+
+
+def _candidates_by_division(x, levels, weight, terms_lx, sum_lx, sum_l2, bounded, movable) -> np.ndarray:
+    """The candidates as _candidates_by_products finds them, for any magnitudes: where
+    x*sl2/slx is not within 0.5 of L (or is NaN when a sum is not finite); near 0.5 the
+    difference of these small numbers is exact, so no changed level is missed. bounded: every
+    group that can move has finite sums. movable: in the first round, the groups that can move."""
+    slx = np.subtract(sum_lx, terms_lx, out=scratch("q3.slx", x.shape))
+    sl2 = np.multiply(weight, levels, out=weight)
+    sl2 *= levels
+    np.subtract(sum_l2, sl2, out=sl2)
+    distance = np.multiply(x, sl2, out=scratch("q3.distance", x.shape))
+    distance /= slx
+    distance -= levels
+    np.abs(distance, out=distance)
+    candidate = scratch("q3.candidate", x.shape, bool)
+    finite = bounded or (np.isfinite(sum_lx).all() and np.isfinite(sum_l2).all())
+    if finite:
+        # then every term is finite (a group's terms share a sign), and where slx > 0 the
+        # proposal is finite or +-Inf, never NaN: NaN marks a group that cannot move
+        np.greater_equal(distance, F32(0.5), out=candidate)
+    else:
+        np.logical_not(np.less(distance, F32(0.5), out=candidate), out=candidate)
+    flat = np.flatnonzero(candidate)  # ordered by position, then group
+    if movable is not None and not finite:
+        flat = flat[movable[flat % x.shape[1]]]
+    return flat
 
 
 def _position_major_tile(by_group: np.ndarray, out: np.ndarray) -> np.ndarray:
