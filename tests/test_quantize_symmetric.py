@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ggufsmith.constants import GGMLType
-from ggufsmith.quantize import get_format, numerics, search_q3, search_symmetric
+from ggufsmith.errors import QuantizationError
+from ggufsmith.quantize import get_format, numerics, quantize, search_q3, search_symmetric
 from tests.quant_checks import (
     assert_same_floats,
     check_against_ggml,
@@ -135,6 +136,18 @@ def test_rejects_rows_that_are_not_whole_blocks(ggml_type):
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_rejects_nan_and_inf(ggml_type, bad):
     check_rejects_non_finite(ggml_type, bad)
+
+
+@pytest.mark.parametrize("with_importance", [False, True], ids=["plain", "imatrix"])
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_q3_k_finds_non_finite_values_in_any_chunk(with_importance, bad):
+    """Q3_K finds NaN and Inf in its own search instead of a scan by the registry: a bad value in
+    a later chunk, in the middle of a tile, is still refused naming its row."""
+    rows = np.random.default_rng(3).standard_normal((1100, 4096)).astype(np.float32)
+    rows[1050, 2345] = bad
+    importance = np.ones(4096, np.float32) if with_importance else None
+    with pytest.raises(QuantizationError, match="row 1050 contains NaN or Inf"):
+        quantize(rows, GGMLType.Q3_K, importance)
 
 
 def test_q8_0_ignores_importance_as_ggml_does():

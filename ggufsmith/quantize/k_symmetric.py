@@ -16,6 +16,7 @@ from ggufsmith.quantize.registry import K_QUANT_CHUNK_ELEMENTS, QuantFormat, reg
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     NEAREST_INT_EXACT,
+    NonFiniteInput,
     clamp,
     float_warnings_off,
     fp16_round_trip,
@@ -198,6 +199,8 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
         group_scales, levels_of, largest = make_q3_quants(by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
+        if not np.isfinite(rows).all():
+            raise NonFiniteInput
         x = position_major(rows, GROUP)
         weights = _q3_k_group_weights(rows, importance, x)
         group_scales, search_levels = make_qx_quants(x, 4, weights)  # position-major
@@ -299,5 +302,6 @@ register(
         supports_importance=True,
         chunk_elements=Q3_K_CHUNK_ELEMENTS,
         importance_chunk_elements=Q3_K_IMATRIX_CHUNK_ELEMENTS,
+        finds_non_finite=True,
     )
 )

@@ -31,6 +31,11 @@ _ZERO = F32(0)
 _TRANSPOSE_SLICE = 256
 
 
+class NonFiniteInput(ValueError):
+    """Raised by a quantizer that finds NaN or Inf in its input on its own way (QuantFormat's
+    finds_non_finite), so that the registry need not scan every value first."""
+
+
 def float_warnings_off(function):
     """Run `function` with numpy's float warnings off: for degenerate inputs (huge, subnormal, all
     zero) ggml's float32 math overflows to Inf and makes NaN on the way to a well-defined result,

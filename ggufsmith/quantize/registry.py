@@ -21,6 +21,7 @@ import numpy as np
 from ggufsmith.constants import GGML_TYPE_LAYOUT, GGMLType
 from ggufsmith.errors import QuantizationError
 from ggufsmith.quantize.allocator import keep_freed_memory
+from ggufsmith.quantize.numerics import NonFiniteInput
 
 QuantizeRows = Callable[[np.ndarray, "np.ndarray | None"], np.ndarray]
 DequantizeRows = Callable[[np.ndarray, int], np.ndarray]
@@ -47,6 +48,9 @@ class QuantFormat:
     supports_importance: bool = False  # accepts llama.cpp imatrix weights
     requires_importance: bool = False  # ggml refuses to quantize it without them (IQ2_XXS, IQ2_XS, IQ1_S)
     checks_finite: bool = True  # NaN/Inf are rejected (block types); float types keep them
+    # quantize_rows finds NaN/Inf itself (raising numerics.NonFiniteInput) at no extra pass, so
+    # the registry skips its own scan (Q3_K: its search's largest magnitude is NaN or Inf then)
+    finds_non_finite: bool = False
     # Input elements per quantize_rows call, if not CHUNK_ELEMENTS: for a type whose per-call cost
     # has a large fixed part (Q3_K's iterative sweeps).
     chunk_elements: int | None = None
@@ -141,11 +145,18 @@ def quantize(array: np.ndarray, ggml_type: GGMLType | int | str, importance: np.
     step = max(1, chunk_elements // max(row_length, 1))
     for start in range(0, n_rows, step):
         chunk = np.ascontiguousarray(rows[start : start + step], dtype=np.float32)
-        if fmt.checks_finite and not np.isfinite(chunk).all():
-            bad = int(np.argwhere(~np.isfinite(chunk))[0][0]) + start
-            raise QuantizationError(f"row {bad} contains NaN or Inf; {fmt.ggml_type.name} cannot represent it")
-        out[start : start + step] = fmt.quantize_rows(chunk, importance)
+        if fmt.checks_finite and not fmt.finds_non_finite and not np.isfinite(chunk).all():
+            raise _non_finite(chunk, start, fmt)
+        try:
+            out[start : start + step] = fmt.quantize_rows(chunk, importance)
+        except NonFiniteInput:
+            raise _non_finite(chunk, start, fmt) from None
     return out.reshape(-1)
+
+
+def _non_finite(chunk: np.ndarray, start: int, fmt: QuantFormat) -> QuantizationError:
+    bad = int(np.argwhere(~np.isfinite(chunk))[0][0]) + start
+    return QuantizationError(f"row {bad} contains NaN or Inf; {fmt.ggml_type.name} cannot represent it")
 
 
 def dequantize(data: np.ndarray | bytes | memoryview, ggml_type: GGMLType | int | str, shape: tuple[int, ...]) -> np.ndarray:

@@ -34,6 +34,7 @@ their later rounds together, carrying x and L only (w and the terms recomputed: 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -41,6 +42,7 @@ import numpy as np
 from ggufsmith.quantize.numerics import (
     GROUP_MAX_EPS,
     F32,
+    NonFiniteInput,
     clamped_levels,
     nearest_int_clipped,
     scratch,
@@ -67,7 +69,7 @@ _NO_MOVE = np.iinfo(np.int64).max
 
 
 def make_q3_quants(by_group: np.ndarray, nmax: int) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray], float]:
-    """by_group: float32 [groups, n], finite (the registry checked it). Returns (scale
+    """by_group: float32 [groups, n]; raises NonFiniteInput if a value is NaN or Inf. Returns (scale
     float32 [groups], levels_of, largest): levels_of(groups) gives those groups' final levels,
     uint8 [len(groups), n] in 0 .. 2*nmax-1, group-major (Q3_K needs them only for the rare groups
     whose stored scale rounds to 0); largest is the largest magnitude of all values. All-zero
@@ -164,6 +166,8 @@ class _Search:
         all_zero = amax < GROUP_MAX_EPS
         self.all_zero[start:stop] = all_zero
         largest = float(np.maximum.reduce(amax))
+        if not math.isfinite(largest):  # the maxima propagate NaN (and Inf is the largest)
+            raise NonFiniteInput
         self.largest = max(self.largest, largest)
         bounded = largest <= _BOUNDED
         by_products = largest <= _PRODUCT_TEST_RANGE[1] and np.count_nonzero(amax < _PRODUCT_TEST_RANGE[0]) == np.count_nonzero(all_zero)
