@@ -138,16 +138,19 @@ def test_rejects_nan_and_inf(ggml_type, bad):
     check_rejects_non_finite(ggml_type, bad)
 
 
+@pytest.mark.parametrize("ggml_type", [GGMLType.Q3_K, GGMLType.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("with_importance", [False, True], ids=["plain", "imatrix"])
 @pytest.mark.parametrize("bad", [np.nan, -np.inf])
-def test_q3_k_finds_non_finite_values_in_any_chunk(with_importance, bad):
-    """Q3_K finds NaN and Inf in its own search instead of a scan by the registry: a bad value in
-    a later chunk, in the middle of a tile, is still refused naming its row."""
+def test_finds_non_finite_values_in_any_chunk(ggml_type, with_importance, bad):
+    """Q3_K and Q6_K find NaN and Inf in their own searches instead of a scan by the registry
+    (finds_non_finite): a bad value in a later chunk, in the middle of a tile, is still refused
+    naming its row."""
+    assert get_format(ggml_type).finds_non_finite
     rows = np.random.default_rng(3).standard_normal((1100, 4096)).astype(np.float32)
     rows[1050, 2345] = bad
     importance = np.ones(4096, np.float32) if with_importance else None
     with pytest.raises(QuantizationError, match="row 1050 contains NaN or Inf"):
-        quantize(rows, GGMLType.Q3_K, importance)
+        quantize(rows, ggml_type, importance)
 
 
 def test_q8_0_ignores_importance_as_ggml_does():

@@ -9,6 +9,8 @@ dozen MiB.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ggufsmith.constants import QK_K, GGMLType
@@ -30,7 +32,7 @@ from ggufsmith.quantize.numerics import (
     sum_of_squares_by_row,
 )
 from ggufsmith.quantize.search_q3 import make_q3_quants
-from ggufsmith.quantize.search_symmetric import make_qx_quants
+from ggufsmith.quantize.search_symmetric import make_qx_quants, make_qx_quants_with_largest
 
 GROUP = 16
 GROUPS = QK_K // GROUP
@@ -104,14 +106,16 @@ def _q6_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
     weights = None
     if importance is not None:
         weights = importance_by_position(importance, GROUP, rows.shape[0])
-    group_scales, search_levels = make_qx_quants(x, 32, weights)  # position-major
+    group_scales, search_levels, largest = make_qx_quants_with_largest(x, 32, weights)  # position-major
+    if not math.isfinite(largest):  # the registry leaves NaN and Inf to us (finds_non_finite)
+        raise NonFiniteInput
 
     amax, max_scale, by_block = _super_scale(group_scales)
     iscale = np.float32(-128) / max_scale
     d_bytes, d = fp16_round_trip(np.float32(1) / iscale)
     scales = np.minimum(127, nearest_int(iscale[:, None] * by_block)).astype(np.int8)
     group_scale = (d[:, None] * scales.astype(np.float32)).reshape(-1)
-    levels = _requantize(rows.reshape(-1, GROUP), lambda groups: search_levels[:, groups].T, group_scale, 32)
+    levels = _requantize(rows.reshape(-1, GROUP), lambda groups: search_levels[:, groups].T, group_scale, 32, largest)
     levels = levels.reshape(n_blocks, QK_K)
 
     quarters = levels.reshape(n_blocks, 2, 4, 32)  # [block, half of 128, quarter of 32, value]
@@ -199,13 +203,12 @@ def _q3_k_quantize(rows: np.ndarray, importance: np.ndarray | None) -> np.ndarra
         group_scales, levels_of, largest = make_q3_quants(by_group, 4)
         stored, d = _q3_k_scales_ref(group_scales)
     else:
-        if not np.isfinite(rows).all():
-            raise NonFiniteInput
         x = position_major(rows, GROUP)
         weights = _q3_k_group_weights(rows, importance, x)
-        group_scales, search_levels = make_qx_quants(x, 4, weights)  # position-major
+        group_scales, search_levels, largest = make_qx_quants_with_largest(x, 4, weights)  # position-major
+        if not math.isfinite(largest):
+            raise NonFiniteInput
         stored, d = _q3_k_scales_weighted(group_scales, sum_from_zero(weights))
-        largest = None
 
         def levels_of(groups: np.ndarray) -> np.ndarray:
             return search_levels[:, groups].T
@@ -291,7 +294,12 @@ def _q3_k_dequantize(data: np.ndarray, row_length: int) -> np.ndarray:
 
 register(
     QuantFormat(
-        GGMLType.Q6_K, _q6_k_quantize, _q6_k_dequantize, supports_importance=True, chunk_elements=K_QUANT_CHUNK_ELEMENTS
+        GGMLType.Q6_K,
+        _q6_k_quantize,
+        _q6_k_dequantize,
+        supports_importance=True,
+        chunk_elements=K_QUANT_CHUNK_ELEMENTS,
+        finds_non_finite=True,
     )
 )
 register(

@@ -320,29 +320,34 @@ def signed_max_of_finite(positive: np.ndarray, negative: np.ndarray, lanes_of) -
     return signed
 
 
+def signed_max_of_extremes(x: np.ndarray, high: np.ndarray, low: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """signed_max_abs(x, finite=True) from each group's largest and least value (float
+    reductions along axis 0 of finite x): the one of larger magnitude, the first of the two if
+    they tie (found in x), +0.0 for a group of zeros. Fewer per-group operations than
+    largest_magnitudes' integer way (which the legacy types' reduceat needs)."""
+    low_magnitude = np.negative(low)
+    amax = np.maximum(high, low_magnitude)
+    np.abs(amax, out=amax)  # +0.0 for a group of zeros
+    # the sign bit where the negative side is larger, without branches (np.where mispredicts)
+    negative_wins = np.greater(low_magnitude, high).astype(np.uint32)
+    negative_wins <<= np.uint32(31)
+    signed = (amax.view(np.uint32) | negative_wins).view(F32)
+    ties = np.flatnonzero(high == low_magnitude)
+    ties = ties[amax[ties] > 0]
+    if ties.size:
+        tied = x[:, ties]
+        first = np.argmax(np.abs(tied) == amax[ties], axis=0)
+        signed[ties] = tied[first, np.arange(ties.size)]
+    return amax, signed
+
+
 def signed_max_abs(x: np.ndarray, finite: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(largest |x|, the x that has it) per group along axis 0; the first of equal magnitudes wins,
     a group of zeros gives +0.0, and NaN never wins (a scale can be NaN after float32 overflow), as
     ggml's `if (ax > amax) { amax = ax; max = x; }` starting from 0. `finite=True` promises no
     NaN or Inf in x, which allows a faster way."""
     if finite:
-        # the largest and least value of each group, and the one of larger magnitude: fewer
-        # per-group operations than largest_magnitudes' integer way, which reduceat needs
-        high = np.maximum.reduce(x, axis=0)
-        low_magnitude = np.negative(np.minimum.reduce(x, axis=0))
-        amax = np.maximum(high, low_magnitude)
-        np.abs(amax, out=amax)  # +0.0 for a group of zeros
-        # the sign bit where the negative side is larger, without branches (np.where mispredicts)
-        negative_wins = np.greater(low_magnitude, high).astype(np.uint32)
-        negative_wins <<= np.uint32(31)
-        signed = (amax.view(np.uint32) | negative_wins).view(F32)
-        ties = np.flatnonzero(high == low_magnitude)
-        ties = ties[amax[ties] > 0]
-        if ties.size:
-            tied = x[:, ties]
-            first = np.argmax(np.abs(tied) == amax[ties], axis=0)
-            signed[ties] = tied[first, np.arange(ties.size)]
-        return amax, signed
+        return signed_max_of_extremes(x, np.maximum.reduce(x, axis=0), np.minimum.reduce(x, axis=0))
     amax = np.fmax.reduce(np.abs(x), axis=0)  # fmax skips NaN
     amax[~(amax > 0)] = 0
     # np.argmax over axis 0 is slow; the sign is all we need, and only a tie between +amax and

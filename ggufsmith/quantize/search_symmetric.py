@@ -11,6 +11,7 @@ are cache-line aligned (numpy's AVX-512 loops run up to ~1.5x faster on them).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from ggufsmith.quantize.numerics import (
     clamped_levels,
     select_bits,
     signed_max_abs,
+    signed_max_of_extremes,
     sum_of_products,
     sum_of_triple_products,
 )
@@ -33,31 +35,43 @@ TILE_GROUPS = 16384
 
 
 def make_qx_quants(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants_with_largest without the largest magnitude."""
+    scale, levels, _ = make_qx_quants_with_largest(x, nmax, weights)
+    return scale, levels
+
+
+def make_qx_quants_with_largest(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
     """ggml's make_qx_quants with rmse_type 1: a symmetric scale per group, chosen among 19 candidates
     (-nmax/max stretched by -0.9 .. +0.9 levels) to minimise the weighted squared error.
 
     x: float32[n, groups], position-major. weights: float32[n, groups], or None for ggml's default
-    x*x. Returns (scale float32[groups], levels uint8[n, groups] in 0 .. 2*nmax-1); groups whose
-    largest magnitude is below GROUP_MAX_EPS get scale 0 and levels 0, as in ggml.
+    x*x. Returns (scale float32[groups], levels uint8[n, groups] in 0 .. 2*nmax-1, the largest
+    magnitude in x: NaN or Inf if x has any); groups whose largest magnitude is below
+    GROUP_MAX_EPS get scale 0 and levels 0, as in ggml.
     """
     n, n_groups = x.shape
     scale = np.empty(n_groups, dtype=np.float32)
     levels = np.empty((n, n_groups), dtype=np.uint8)
+    largest = []
     for start in range(0, n_groups, TILE_GROUPS):
         tile = slice(start, start + TILE_GROUPS)
         tile_weights = None if weights is None else aligned_copy(weights[:, tile])
-        scale[tile], levels[:, tile] = _make_qx_quants_tile(aligned_copy(x[:, tile]), nmax, tile_weights)
-    return scale, levels
+        scale[tile], levels[:, tile], tile_largest = _make_qx_quants_tile(aligned_copy(x[:, tile]), nmax, tile_weights)
+        largest.append(tile_largest)
+    return scale, levels, float(np.max(largest))  # (np.max propagates NaN)
 
 
-def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, float]:
     with np.errstate(all="ignore"):  # all-zero groups divide by zero; they are overwritten below
         # Cache-line aligned buffers: numpy's AVX-512 loops are much faster on them.
         if weights is None:
             weights = np.multiply(x, x, out=aligned_empty(x.shape))
         weighted_x = np.multiply(weights, x, out=aligned_empty(x.shape))
-        finite = bool(np.isfinite(x).all())
-        amax, signed_max = signed_max_abs(x, finite)
+        # the extremes propagate NaN and Inf: finite data iff the largest magnitude is finite
+        high, low = np.maximum.reduce(x, axis=0), np.minimum.reduce(x, axis=0)
+        largest = float(np.maximum.reduce(np.maximum(high, -low)))
+        finite = math.isfinite(largest)
+        amax, signed_max = signed_max_of_extremes(x, high, low) if finite else signed_max_abs(x)
         levels = aligned_empty(x.shape)
         terms = aligned_empty(x.shape)
 
@@ -101,7 +115,7 @@ def _make_qx_quants_tile(x: np.ndarray, nmax: int, weights: np.ndarray | None) -
         scale[all_zero] = 0
         out = (best_levels + np.float32(nmax)).astype(np.uint8)
     out[:, all_zero] = 0
-    return scale, out
+    return scale, out, largest
 
 
 @functools.cache
