@@ -57,17 +57,20 @@ def _gguf_py_quantizer(ggml_type):
     return lambda rows: gguf.quants.quantize(rows, qtype)
 
 
-def _rate(func, data: np.ndarray, repeats: int) -> tuple[float, object]:
-    """Best MB/s of float32 input over `repeats` runs, and the last result. CPU time of this
-    process, not wall time: every contender runs on one thread, and on a shared machine CPU time
-    is what stays comparable between runs."""
-    best = float("inf")
-    result = None
+def _rates(funcs: list, data: np.ndarray, repeats: int) -> list[tuple[float, object]]:
+    """Best MB/s of float32 input over `repeats` runs of each function, and its last result. The
+    functions take turns (a, b, a, b, ...), so that a slow spell of a shared machine, which on
+    this 2-core VM moves a function's time by 20% within a minute, falls on all of them rather
+    than on whichever ran then. CPU time of this process, not wall time: every contender runs on
+    one thread, and on a shared machine CPU time is what stays comparable between runs."""
+    best = [float("inf")] * len(funcs)
+    results: list[object] = [None] * len(funcs)
     for _ in range(repeats):
-        start = time.process_time()
-        result = func(data)
-        best = min(best, time.process_time() - start)
-    return data.nbytes / 1e6 / best, result
+        for index, func in enumerate(funcs):
+            start = time.process_time()
+            results[index] = func(data)
+            best[index] = min(best[index], time.process_time() - start)
+    return [(data.nbytes / 1e6 / seconds, result) for seconds, result in zip(best, results)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,19 +102,22 @@ def main(argv: list[str] | None = None) -> int:
         # IQ2_XXS, IQ2_XS and IQ1_S cannot be made without one: they always get one
         if (args.importance and fmt.supports_importance) or fmt.requires_importance:
             importance = rng.lognormal(0.0, 1.0, ROW_LENGTH).astype(np.float32)
-        ours_rate, ours = _rate(lambda rows: quantize(rows, ggml_type, importance), data, args.repeats)
-
-        ggml_rate = exact = None
+        contenders = [lambda rows: quantize(rows, ggml_type, importance)]
         if ggml_quantize is not None:
-            ggml_rate, expected = _rate(lambda rows: ggml_quantize(rows, int(ggml_type), importance), data, args.repeats)
-            exact = bool(np.array_equal(ours, expected.reshape(-1)))
-
-        gguf_rate = None
+            contenders.append(lambda rows: ggml_quantize(rows, int(ggml_type), importance))
         # gguf-py "quantizes" F32 by returning a view: no work to compare against.
         gguf_py = _gguf_py_quantizer(ggml_type) if importance is None and ggml_type.name != "F32" else None
         if gguf_py is not None:
-            with np.errstate(all="ignore"):
-                gguf_rate, _ = _rate(gguf_py, data, args.repeats)
+            contenders.append(gguf_py)
+        with np.errstate(all="ignore"):  # gguf-py's own float warnings
+            rates = _rates(contenders, data, args.repeats)
+        ours_rate, ours = rates[0]
+
+        ggml_rate = exact = None
+        if ggml_quantize is not None:
+            ggml_rate, expected = rates[1]
+            exact = bool(np.array_equal(ours, expected.reshape(-1)))
+        gguf_rate = rates[-1][0] if gguf_py is not None else None
 
         def fmt_rate(rate):
             return f"{rate:.3g}" if rate is not None else "-"  # 3 digits: the grid types make < 1 MB/s

@@ -260,12 +260,14 @@ class _Search:
         accepted &= new_lx * new_lx * run_l2 > run_lx * run_lx * new_l2
         chosen = accepted.nonzero()[0]
         # each group's first move: the least key (ahead of its sweep first, then by position)
-        key = (position[chosen] << _POSITION_SHIFT) | chosen
+        chosen_position, chosen_column = position[chosen], column[chosen]
+        key = chosen_position << _POSITION_SHIFT
+        key |= chosen
         if resume is not None:
-            key |= (position[chosen] < resume[column[chosen]]) * _AHEAD_BIT
+            key |= (chosen_position < resume[chosen_column]) * _AHEAD_BIT
         first = scratch("q3.first", (n_groups,), np.int64)
         first.fill(_NO_MOVE)
-        np.minimum.at(first, column[chosen], key)
+        np.minimum.at(first, chosen_column, key)
         if resume is None:
             moving = (first != _NO_MOVE).nonzero()[0]
         else:
