@@ -147,7 +147,10 @@ def test_nearest_level_tables_agree_with_the_rule_everywhere_near_a_boundary():
 
 
 def _max_magnitude(ggml_type: GGMLType) -> float | None:
-    return float(np.float32(1e11)) if ggml_type in GRID_TYPES else None
+    # The grid searches' errors grow as imatrix * |x|**3: with the drawn imatrix up to 1e6 they
+    # overflow float32 from |x| ~ 1e10 on (hypothesis found 1e11 with 2.4e5), where ggml falls
+    # back to a search of the whole grid that we do not reproduce and we refuse instead.
+    return float(np.float32(1e10)) if ggml_type in GRID_TYPES else None
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

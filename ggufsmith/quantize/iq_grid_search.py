@@ -61,8 +61,9 @@ class NoNeighbour(Exception):
 
 def refuse_overflow(type_name: str) -> QuantizationError:
     return QuantizationError(
-        f"{type_name} cannot quantize values this large (|x| above ~1e12 overflows the float32 errors of its "
-        "grid search, and ggml aborts on them too); scale the tensor down or choose another type"
+        f"{type_name} cannot quantize values this large (|x| above ~1e12, less with a large imatrix, overflows "
+        "the float32 errors of its grid search, where ggml aborts or falls back to a search we do not reproduce); "
+        "scale the tensor down or choose another type"
     )
 
 
