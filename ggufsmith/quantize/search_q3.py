@@ -23,13 +23,14 @@ slx = sumlx - w*x*L is never > 0, which ggml requires. Groups whose max is negat
 Cost: everything is position-major ([16, groups], rows the positions), so that a per-group value
 broadcasts along rows and the sums run in C order. A proposal differs from the current level at
 ~3% of the positions, so a round finds those *candidates* with whole-array passes that need no
-rounding (|x*sl2/slx - L| >= 0.5, or NaN, where slx > 0: a superset of ggml's `new != L`) and
-decides the rest on the candidates alone: the exact nearest_int, the test, and each group's first
-accepted move (a minimum over keys per group). The start and the first round go tile by tile
+rounding and no division (_candidates_by_products: a superset of ggml's `new != L`, proved in its
+docstring; _candidates_by_division for magnitudes outside its range) and decides the rest on the
+candidates alone: the exact proposal and nearest_int, the test, and each group's first accepted
+move (a minimum over keys per group). The start and the first round go tile by tile
 (Q3_TILE_GROUPS groups, transposed in cache, all groups: the first round reuses the start's
-terms, which is cheaper than gathering the movers); the groups that moved are pooled and run
-their later rounds together, carrying x and L only (w and the terms recomputed: a pass costs
-~0.25 ns a value here, carrying an array through the compaction ~1 ns).
+terms, which is cheaper than gathering the movers); the groups that moved are gathered afresh
+from the rows and run their later rounds together, carrying x and L only (w and the terms
+recomputed: a pass costs ~0.25 ns a value here, carrying an array through the compaction ~1 ns).
 """
 
 from __future__ import annotations
@@ -92,8 +93,6 @@ class _State:
     """The groups still moving: x and levels position-major [n, groups], then per group the
     running sums, the index among all groups of the call, the sweep, and the position the sweep
     resumes at."""
-
-    PER_GROUP = ("sum_lx", "sum_l2", "group", "sweep", "resume")
 
     def __init__(self, x, levels, sum_lx, sum_l2, group, sweep, resume):
         self.x, self.levels, self.sum_lx, self.sum_l2 = x, levels, sum_lx, sum_l2
