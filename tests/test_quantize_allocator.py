@@ -21,9 +21,10 @@ MEASURE = textwrap.dedent(
     from ggufsmith.quantize import quantize
     rows = np.random.default_rng(0).standard_normal((int(sys.argv[2]), 4096), dtype=np.float32)
     quantize(rows, sys.argv[1])  # the first call grows the heap to its working size
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    quantize(rows, sys.argv[1])
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    for _ in range(5):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        quantize(rows, sys.argv[1])
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     """
 )
 
@@ -40,7 +41,10 @@ def test_repeated_quantization_reuses_memory_instead_of_faulting_pages(type_name
     result = subprocess.run(
         [sys.executable, "-c", MEASURE, type_name, str(n_rows)], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    faults = int(result.stdout.strip())
-    # 1M values: ~11,000 (Q6_K: ~4,000) faults without the setting, 0 with it; the output array
-    # (a few hundred KiB, mapped afresh each call) and numpy's own caches stay well below 300.
-    assert faults < 300, f"{type_name}: {faults} page faults quantizing {n_rows} rows of 4096 a second time"
+    faults = sorted(int(line) for line in result.stdout.split())
+    # Without the setting every call faults ~3,000-7,000 times (1-2M values); with it, 0. The
+    # median, because the heap may still grow once as its layout settles (2 MiB, 512 faults, in
+    # one of the five calls on CI): a one-off, not a per-chunk cost. The output array (a few
+    # hundred KiB, mapped afresh each call) and numpy's own caches stay well below 300.
+    median = faults[len(faults) // 2]
+    assert median < 300, f"{type_name}: {faults} page faults in five repeated quantizations of {n_rows} rows of 4096"
