@@ -14,6 +14,7 @@ run), fetched once with pip and cached. Locally the tests that need it are skipp
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -232,7 +233,18 @@ def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, .
 
 
 def gguf_contents(path: Path) -> tuple[dict, dict]:
-    """(keys -> values, tensor name -> (shape, type, bytes)) of a GGUF file, read by gguf-py."""
+    """(keys -> values, tensor name -> (shape, type, bytes)) of a GGUF file, read by gguf-py.
+
+    gguf-py parses every array element in Python (~9 s for a 32K-token vocabulary), and the
+    session's converted files are read by several tests: each file is parsed once, and again only
+    if it changed (a rewrite renames a new file into place: a new inode)."""
+    stat = Path(path).stat()
+    fields, tensors = _parsed_contents(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return dict(fields), dict(tensors)
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed_contents(path: str, inode: int, size: int, mtime_ns: int) -> tuple[dict, dict]:
     import gguf
     import numpy as np
 
