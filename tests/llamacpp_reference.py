@@ -235,9 +235,11 @@ def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, .
 def gguf_contents(path: Path) -> tuple[dict, dict]:
     """(keys -> values, tensor name -> (shape, type, bytes)) of a GGUF file, read by gguf-py.
 
-    gguf-py parses every array element in Python (~9 s for a 32K-token vocabulary), and the
-    session's converted files are read by several tests: each file is parsed once, and again only
-    if it changed (a rewrite renames a new file into place: a new inode)."""
+    gguf-py parses every array element in Python: ~9 s for a file with a SentencePiece
+    tokenizer, whose precompiled_charsmap is an array of ~240K bytes. The session's converted
+    files are read by several tests, so each file is parsed once, and again only if it changed (a
+    rewrite renames a new file into place: a new inode). The dicts are copies; their values are
+    shared with the cache and must not be modified."""
     stat = Path(path).stat()
     fields, tensors = _parsed_contents(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     return dict(fields), dict(tensors)
