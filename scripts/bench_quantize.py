@@ -5,7 +5,9 @@
 
 Prints one row per type: MB/s of float32 input for ours, ggml's ggml_quantize_chunk (through
 ctypes from llama-cpp-python's libggml-base; single-threaded by construction) and gguf-py where it
-implements the type (all measured as CPU time of this one-threaded process), the ratios, and
+implements the type (all measured as CPU time of this one-threaded process), the ratios of the
+best runs, the median over the repeats of ours/ggml's ratio within one turn (the contenders run
+back to back, so a slow spell of a shared machine falls on both: the steadier figure), and
 whether our bytes equal ggml's. Run from the repository root
 with llama-cpp-python and gguf installed (the `test` extra). For one core: `taskset -c 0 python ...`.
 """
@@ -57,20 +59,21 @@ def _gguf_py_quantizer(ggml_type):
     return lambda rows: gguf.quants.quantize(rows, qtype)
 
 
-def _rates(funcs: list, data: np.ndarray, repeats: int) -> list[tuple[float, object]]:
-    """Best MB/s of float32 input over `repeats` runs of each function, and its last result. The
-    functions take turns (a, b, a, b, ...), so that a slow spell of a shared machine, which on
-    this 2-core VM moves a function's time by 20% within a minute, falls on all of them rather
-    than on whichever ran then. CPU time of this process, not wall time: every contender runs on
-    one thread, and on a shared machine CPU time is what stays comparable between runs."""
-    best = [float("inf")] * len(funcs)
+def _rates(funcs: list, data: np.ndarray, repeats: int) -> tuple[list[tuple[float, object]], list[list[float]]]:
+    """Best MB/s of float32 input over `repeats` runs of each function and its last result, and
+    every run's seconds. The functions take turns (a, b, a, b, ...), so that a slow spell of a
+    shared machine, which on this 2-core VM moves a function's time by 20% within a minute, falls
+    on all of them rather than on whichever ran then. CPU time of this process, not wall time:
+    every contender runs on one thread, and on a shared machine CPU time is what stays comparable
+    between runs."""
+    seconds: list[list[float]] = [[] for _ in funcs]
     results: list[object] = [None] * len(funcs)
     for _ in range(repeats):
         for index, func in enumerate(funcs):
             start = time.process_time()
             results[index] = func(data)
-            best[index] = min(best[index], time.process_time() - start)
-    return [(data.nbytes / 1e6 / seconds, result) for seconds, result in zip(best, results)]
+            seconds[index].append(time.process_time() - start)
+    return [(data.nbytes / 1e6 / min(runs), result) for runs, result in zip(seconds, results)], seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     data = rng.standard_normal((n_rows, ROW_LENGTH), dtype=np.float32)
     ggml_quantize = _ggml_quantizer()
 
-    header = f"{'type':<8} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'ours/gguf-py':>13}  bit-exact"
+    header = (f"{'type':<8} {'ours MB/s':>10} {'ggml C MB/s':>12} {'gguf-py MB/s':>13} {'ours/ggml':>10} {'paired':>7}"
+              f" {'ours/gguf-py':>13}  bit-exact")
     print(f"{data.nbytes / 1e6:.0f} MB of float32 per type, rows of {ROW_LENGTH}{', with imatrix' if args.importance else ''}"
           " (* always with an imatrix: the type needs one)")
     print(header)
@@ -110,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         if gguf_py is not None:
             contenders.append(gguf_py)
         with np.errstate(all="ignore"):  # gguf-py's own float warnings
-            rates = _rates(contenders, data, args.repeats)
+            rates, seconds = _rates(contenders, data, args.repeats)
         ours_rate, ours = rates[0]
 
-        ggml_rate = exact = None
+        ggml_rate = exact = paired = None
         if ggml_quantize is not None:
             ggml_rate, expected = rates[1]
+            paired = float(np.median(np.array(seconds[1]) / np.array(seconds[0])))
             exact = bool(np.array_equal(ours, expected.reshape(-1)))
         gguf_rate = rates[-1][0] if gguf_py is not None else None
 
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             f"{ggml_type.name + ('*' if fmt.requires_importance else ''):<8} {fmt_rate(ours_rate):>10} {fmt_rate(ggml_rate):>12} {fmt_rate(gguf_rate):>13} "
-            f"{fmt_ratio(ggml_rate):>10} {fmt_ratio(gguf_rate):>13}  {'-' if exact is None else ('yes' if exact else 'NO')}",
+            f"{fmt_ratio(ggml_rate):>10} {'-' if paired is None else f'{paired:.2f}x':>7} {fmt_ratio(gguf_rate):>13}  {'-' if exact is None else ('yes' if exact else 'NO')}",
             flush=True,
         )
     return 0
