@@ -32,8 +32,8 @@ from ggufsmith.quantize.iq_grid_search import (
     NoNeighbour,
     assert_scales_valid,
     block_inputs,
-    candidates_of,
-    first_least,
+    first_least_of_columns,
+    neighbour_tiles,
     new_super_blocks,
     read_super_blocks,
     refuse_overflow,
@@ -146,15 +146,24 @@ def _onto_grid(x, weight, levels, minus, scale, type_name):
     if k.size == 0:
         return chosen, scale
     try:
-        candidates = candidates_of(tables, packed[k, j])
-        values = np.where(candidates.per_candidate(minus[k, j])[:, None], _X_M, _X_P)  # [candidates, 3]
-        s = candidates.per_candidate(scale[j])
-        rows = np.arange(values.shape[0])
-        error = np.zeros(rows.size, dtype=F32)
-        for i in range(GROUP):
-            diff = s * values[rows, tables.levels[candidates.points, i]] - candidates.per_candidate(x[GROUP * k + i, j])
-            error += (candidates.per_candidate(weight[GROUP * k + i, j]) * diff) * diff
-        chosen[k, j] = first_least(candidates, error)
+        for groups, points in neighbour_tiles(tables, packed[k, j]):
+            kk, jj = k[groups], j[groups]
+            # each group's values of levels 0..2 (x_m or x_p), looked up by row * 3 + level
+            values = np.where(minus[kk, jj][:, None], _X_M, _X_P).reshape(-1)
+            row = 3 * np.arange(groups.size)
+            levels = np.take(tables.levels, points, axis=0)  # [k, groups, 8]
+            s = scale[jj]
+            error = None
+            for i in range(GROUP):
+                diff = np.multiply(np.take(values, row + levels[:, :, i]), s)  # ggml: scale*q - x, d2 += w*diff*diff
+                diff -= x[GROUP * kk + i, jj]
+                term = np.multiply(weight[GROUP * kk + i, jj], diff)
+                term *= diff
+                if error is None:
+                    error = term  # d2 starts at 0
+                else:
+                    error += term
+            chosen[kk, jj] = first_least_of_columns(points, error)
     except NoNeighbour:
         raise refuse_overflow(type_name) from None
     refit = np.zeros(scale.size, dtype=bool)

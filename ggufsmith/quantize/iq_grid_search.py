@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -131,36 +130,46 @@ def _round_levels(spec: GridSearch, xval: np.ndarray, inverse: np.ndarray) -> np
     return levels
 
 
-class Candidates(NamedTuple):
-    """The neighbour lists of n off-grid groups laid end to end (groups have from 1 to ~70
-    neighbours: padding to the longest would do several times the work)."""
-
-    points: np.ndarray  # grid indices, flat
-    counts: np.ndarray  # [n]
-    first: np.ndarray  # [n]: each group's first candidate in `points`
-    local: np.ndarray  # rank of each candidate within its group
-
-    def per_candidate(self, per_group: np.ndarray) -> np.ndarray:
-        return np.repeat(per_group, self.counts)
+# Neighbour tiles hold at most this many candidates (k x groups): 256 KiB of float32 per array,
+# within L2. Measured on captured searches against the candidates laid end to end: 1.4-1.8x faster for
+# IQ3_XXS and IQ3_S, 1.0-1.3x for IQ2_XXS and IQ2_XS (lists of ~20-70 neighbours).
+NEIGHBOUR_TILE = 1 << 16
+_MIN_WIDTH = 4
 
 
-def candidates_of(tables: GridTables, packed: np.ndarray) -> Candidates:
+def neighbour_tiles(tables: GridTables, packed: np.ndarray):
+    """The neighbour lists of the off-grid points `packed` [n], as tiles: yields (groups, points),
+    groups an index array into packed and points int32 [k, len(groups)], column j the neighbours
+    of groups[j] in ggml's order. The lists are bucketed by length (k a power of two, at least
+    4, the lists longer than k / 2) and padded by repeating their last neighbour: a repeat comes
+    after its equal, so it never changes the first least (first_least_of_columns). Laid end to end
+    instead, every per-group value has to be repeated for each candidate (1 ns a value, the
+    searches' largest cost); here it broadcasts along the rows."""
     counts = tables.neighbour_counts[packed]
-    first = np.cumsum(counts) - counts
-    local = np.arange(int(first[-1] + counts[-1])) - np.repeat(first, counts)
-    points = tables.neighbours[np.repeat(tables.neighbour_starts[packed], counts) + local]
-    return Candidates(points, counts, first, local)
+    starts = tables.neighbour_starts[packed].astype(np.intp)
+    top, shorter, width = int(counts.max()), 0, _MIN_WIDTH
+    while True:
+        bucket = ((counts > shorter) & (counts <= width)).nonzero()[0]
+        step = max(1, NEIGHBOUR_TILE // width)
+        for start in range(0, bucket.size, step):
+            groups = bucket[start : start + step]
+            first = starts[groups]
+            at = np.minimum(first + np.arange(width, dtype=np.intp)[:, None], first + (counts[groups] - 1))
+            yield groups, np.take(tables.neighbours, at)
+        if width >= top:
+            return
+        shorter, width = width, 2 * width
 
 
-def first_least(candidates: Candidates, error: np.ndarray) -> np.ndarray:
-    """Per group, the candidate of least error, the first of equals, as ggml's `if (d2 < best)`
-    from FLT_MAX; raises NoNeighbour where no error is finite (ggml aborts)."""
-    error[np.isnan(error)] = np.inf
-    least = np.minimum.reduceat(error, candidates.first)
+def first_least_of_columns(points: np.ndarray, error: np.ndarray) -> np.ndarray:
+    """Per column of a tile, the point of least error, the first of equals, as ggml's
+    `if (d2 < best)` from FLT_MAX (NaN never wins); raises NoNeighbour where no error is finite
+    (ggml aborts)."""
+    least = np.fmin.reduce(error, axis=0)
     if not np.isfinite(least).all():
         raise NoNeighbour
-    position = np.where(error == candidates.per_candidate(least), candidates.local, np.iinfo(np.int64).max)
-    return candidates.points[candidates.first + np.minimum.reduceat(position, candidates.first)]
+    first = np.argmax(error == least, axis=0)
+    return points[first, np.arange(points.shape[1])]
 
 
 def _best_neighbours(spec: GridSearch, packed: np.ndarray, xval: list[np.ndarray], waux: list[np.ndarray], scale: np.ndarray) -> np.ndarray:
@@ -168,14 +177,22 @@ def _best_neighbours(spec: GridSearch, packed: np.ndarray, xval: list[np.ndarray
     `group` vectors [n] (one per coordinate), scale [n]. The neighbour of least
     sum(waux * diff * diff), diff = scale * q - xval, summed in order."""
     tables = spec.grid()
-    candidates = candidates_of(tables, packed)
-    s = candidates.per_candidate(scale)
-    error = np.zeros(candidates.points.size, dtype=F32)
-    for i in range(spec.group):
-        diff = s * tables.values_by_coordinate[i].take(candidates.points)
-        diff -= candidates.per_candidate(xval[i])
-        error += (candidates.per_candidate(waux[i]) * diff) * diff
-    return first_least(candidates, error)
+    chosen = np.empty(packed.size, dtype=np.int32)
+    for groups, points in neighbour_tiles(tables, packed):
+        values = np.take(tables.values_by_point, points, axis=0)  # [k, groups, dims]
+        s = scale[groups]
+        error = None
+        for i in range(spec.group):
+            diff = np.multiply(values[:, :, i], s)  # ggml: diff = scale*grid[i] - xval[i]; d2 += weight[i]*diff*diff
+            diff -= xval[i][groups]
+            term = np.multiply(waux[i][groups], diff)
+            term *= diff
+            if error is None:
+                error = term  # d2 starts at 0, and 0 + term is term (term >= +0 or NaN)
+            else:
+                error += term
+        chosen[groups] = first_least_of_columns(points, error)
+    return chosen
 
 
 def _onto_grid(
