@@ -65,7 +65,10 @@ def _rates(funcs: list, data: np.ndarray, repeats: int) -> tuple[list[tuple[floa
     shared machine, which on this 2-core VM moves a function's time by 20% within a minute, falls
     on all of them rather than on whichever ran then. CPU time of this process, not wall time:
     every contender runs on one thread, and on a shared machine CPU time is what stays comparable
-    between runs."""
+    between runs. Each function first quantizes one row untimed: ggml builds the IQ grids' tables
+    on first use (IQ1_S's took 14 s here), which is not quantization speed."""
+    for func in funcs:
+        func(data[:1])
     seconds: list[list[float]] = [[] for _ in funcs]
     results: list[object] = [None] * len(funcs)
     for _ in range(repeats):
