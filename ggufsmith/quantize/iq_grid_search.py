@@ -179,11 +179,11 @@ def _best_neighbours(spec: GridSearch, packed: np.ndarray, xval: list[np.ndarray
     tables = spec.grid()
     chosen = np.empty(packed.size, dtype=np.int32)
     for groups, points in neighbour_tiles(tables, packed):
-        values = np.take(tables.values_by_point, points, axis=0)  # [k, groups, dims]
+        values = np.take(tables.values_by_coordinate, points, axis=1)  # [dims, k, groups]
         s = scale[groups]
         error = None
         for i in range(spec.group):
-            diff = np.multiply(values[:, :, i], s)  # ggml: diff = scale*grid[i] - xval[i]; d2 += weight[i]*diff*diff
+            diff = np.multiply(values[i], s)  # ggml: diff = scale*grid[i] - xval[i]; d2 += weight[i]*diff*diff
             diff -= xval[i][groups]
             term = np.multiply(waux[i][groups], diff)
             term *= diff

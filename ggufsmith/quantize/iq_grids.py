@@ -233,7 +233,6 @@ _IQ2_MAP_SIZE = 43692
 class GridTables(NamedTuple):
     levels: np.ndarray  # uint8[points, dims]: each point's coordinates
     values_by_coordinate: np.ndarray  # float32[dims, points]: 2 * level + 1, what the quantizers fit
-    values_by_point: np.ndarray  # float32[points, dims]: the same, a point's values together
     index_of: np.ndarray  # int32[2**(bits*dims)]: the point's index, or -1 off the grid
     # The nearest points of an off-grid u, in ggml's order, are
     # neighbours[neighbour_starts[u] : neighbour_starts[u] + neighbour_counts[u]].
@@ -280,7 +279,7 @@ def _build(points: np.ndarray, bits: int, dims: int, nwant: int, size: int) -> G
         lists.append(point[order].astype(np.int32))
     neighbour_starts = (np.cumsum(neighbour_counts) - neighbour_counts).astype(np.int32)
     values = np.ascontiguousarray((2 * levels.T + 1).astype(np.float32))
-    return GridTables(levels, values, np.ascontiguousarray(values.T), index_of, np.concatenate(lists), neighbour_starts, neighbour_counts)
+    return GridTables(levels, values, index_of, np.concatenate(lists), neighbour_starts, neighbour_counts)
 
 
 @cache
