@@ -30,6 +30,7 @@ import numpy as np
 from ggufsmith.constants import QK_K, GGMLType
 from ggufsmith.quantize.iq_grid_search import (
     NoNeighbour,
+    add_squared_error,
     assert_scales_valid,
     block_inputs,
     first_least_of_columns,
@@ -155,14 +156,8 @@ def _onto_grid(x, weight, levels, minus, scale, type_name):
             s = scale[jj]
             error = None
             for i in range(GROUP):
-                diff = np.multiply(np.take(values, row + levels[:, :, i]), s)  # ggml: scale*q - x, d2 += w*diff*diff
-                diff -= x[GROUP * kk + i, jj]
-                term = np.multiply(weight[GROUP * kk + i, jj], diff)
-                term *= diff
-                if error is None:
-                    error = term  # d2 starts at 0
-                else:
-                    error += term
+                q = np.take(values, row + levels[:, :, i])
+                error = add_squared_error(error, q, s, x[GROUP * kk + i, jj], weight[GROUP * kk + i, jj])
             chosen[kk, jj] = first_least_of_columns(points, error)
     except NoNeighbour:
         raise refuse_overflow(type_name) from None

@@ -161,6 +161,21 @@ def neighbour_tiles(tables: GridTables, packed: np.ndarray):
         shorter, width = width, 2 * width
 
 
+def add_squared_error(error: np.ndarray | None, q: np.ndarray, scale: np.ndarray, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """One coordinate of ggml's neighbour error, `diff = scale*q - x; d2 += weight*diff*diff`, in
+    its order, on a tile of candidates (q [k, groups]; the others per group, broadcast along the
+    rows). error is None for the first coordinate: d2 starts at 0, and 0 + term is term (term is
+    +0 or more, or NaN)."""
+    diff = np.multiply(q, scale)
+    diff -= x
+    term = np.multiply(weight, diff)
+    term *= diff
+    if error is None:
+        return term
+    error += term
+    return error
+
+
 def first_least_of_columns(points: np.ndarray, error: np.ndarray) -> np.ndarray:
     """Per column of a tile, the point of least error, the first of equals, as ggml's
     `if (d2 < best)` from FLT_MAX (NaN never wins); raises NoNeighbour where no error is finite
@@ -183,14 +198,7 @@ def _best_neighbours(spec: GridSearch, packed: np.ndarray, xval: list[np.ndarray
         s = scale[groups]
         error = None
         for i in range(spec.group):
-            diff = np.multiply(values[i], s)  # ggml: diff = scale*grid[i] - xval[i]; d2 += weight[i]*diff*diff
-            diff -= xval[i][groups]
-            term = np.multiply(waux[i][groups], diff)
-            term *= diff
-            if error is None:
-                error = term  # d2 starts at 0, and 0 + term is term (term >= +0 or NaN)
-            else:
-                error += term
+            error = add_squared_error(error, values[i], s, xval[i][groups], waux[i][groups])
         chosen[groups] = first_least_of_columns(points, error)
     return chosen
 
