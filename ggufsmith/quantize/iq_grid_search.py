@@ -183,7 +183,12 @@ def first_least_of_columns(points: np.ndarray, error: np.ndarray) -> np.ndarray:
     least = np.fmin.reduce(error, axis=0)
     if not np.isfinite(least).all():
         raise NoNeighbour
-    first = np.argmax(error == least, axis=0)
+    # the first row holding it: the largest k - row among the rows equal to it (np.argmax along
+    # axis 0 measured 3-7x slower)
+    k = error.shape[0]
+    dtype = np.int8 if k < 128 else np.int16
+    countdown = (k - np.arange(k, dtype=dtype))[:, None]
+    first = k - np.maximum.reduce(np.multiply(error == least, countdown, dtype=dtype), axis=0).astype(np.intp)
     return points[first, np.arange(points.shape[1])]
 
 
