@@ -29,6 +29,8 @@ def main() -> int:
     parser.add_argument("--imatrix", type=Path)
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--ray", nargs="?", const=True, default=False)
+    parser.add_argument("--threads", type=int, help="conversion threads per source (default: the cores shared out "
+                        "locally, 1 per Ray task; see docs/batch.md)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -37,7 +39,7 @@ def main() -> int:
         source["imatrix"] = str(args.imatrix.resolve())
     source["outtypes"] = args.types.split(",")
     plan = plan_from_dict({"output_dir": str(args.out_dir.resolve()), "sources": [source]}, Path.cwd() / "(command line)")
-    report = batch(plan, force=args.force, ray=args.ray, progress=not args.json)
+    report = batch(plan, force=args.force, ray=args.ray, progress=not args.json, threads=args.threads)
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
 

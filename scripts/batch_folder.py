@@ -26,6 +26,8 @@ def main() -> int:
     parser.add_argument("--max-memory")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--ray", nargs="?", const=True, default=False)
+    parser.add_argument("--threads", type=int, help="conversion threads per source (default: the cores shared out "
+                        "locally, 1 per Ray task; see docs/batch.md)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -35,7 +37,8 @@ def main() -> int:
         return 1
     plan = plan_from_dict({"output_dir": str(args.out_dir.resolve()), "defaults": {"outtypes": args.types.split(",")},
                            "sources": [{"path": str(p)} for p in folders]}, args.models_dir.resolve() / "(folder)")
-    report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray, progress=not args.json)
+    report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray, progress=not args.json,
+                   threads=args.threads)
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
 

@@ -23,6 +23,7 @@ import ggufsmith
 from ggufsmith.converters.split import SplitRule
 from ggufsmith.batch import batch, load_plan
 from ggufsmith.batch.state import STATE_FILE
+from ggufsmith.errors import BatchError
 from tests.damaged_inputs import REPO, leftovers, run_cli
 
 pytest.importorskip("transformers")
@@ -126,6 +127,40 @@ def test_three_models_by_four_types_in_worker_processes_are_the_separate_convert
     assert_outputs_are_the_converts(models, report)
     sizes = {r.outtype: r.bits_per_weight for r in report.results if r.source == "models/llama-a"}
     assert sizes["f16"] > sizes["q8_0"] > sizes["q6_k"] > sizes["q4_k_m"]
+
+
+@pytest.mark.slow
+def test_threads_option_makes_the_same_files(models):
+    """`--threads 1`: each source converted on one thread, the same bytes as a `convert` on every core."""
+    plan = models / "threads.yaml"
+    plan.write_text("output_dir: threads-out\nsources:\n  - path: models/llama-b\n    outtypes: [q8_0, q4_k_m]\n"
+                    "  - path: models/qwen-c\n    outtypes: [q6_k]\n")
+    proc = run_cli("batch", plan, "--threads", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)["outputs"]
+    assert [r["status"] for r in results] == ["done"] * 3
+    for r in results:
+        assert Path(r["file"]).read_bytes() == reference(models, Path(r["source"]).name, r["outtype"]), r
+
+
+def test_threads_per_source_set_how_many_sources_run_at_once(models, monkeypatch):
+    from ggufsmith.batch import local
+
+    monkeypatch.setattr(local, "available_cores", lambda: 8)
+    sources = load_plan(three_by_four(models, "unused")).sources  # three sources
+    assert local.worker_count(sources, None, None) == 3  # one per source, the 8 cores shared out
+    assert local.worker_count(sources, None, None, threads=4) == 2  # 8 cores / 4 threads each
+    assert local.worker_count(sources, None, None, threads=8) == 1
+    assert local.worker_count(sources, 3, None, threads=8) == 3  # --jobs still decides when given
+
+
+def test_bad_threads_is_refused_before_anything_runs(models):
+    plan = three_by_four(models, "bad-threads")
+    proc = run_cli("batch", plan, "--threads", "-2")
+    assert proc.returncode == 2 and "--threads" in proc.stderr and "'-2'" in proc.stderr
+    with pytest.raises(ggufsmith.errors.ConversionError, match="threads must be a positive number"):
+        batch(plan, threads=-1)
+    assert not (models / "bad-threads").exists()
 
 
 @pytest.mark.slow
@@ -347,6 +382,9 @@ def test_ray_two_worker_cluster_makes_the_same_files(models, monkeypatch):
         assert_outputs_are_the_converts(models, report)
         again = batch(three_by_four(models, "ray-out"), ray=cluster.address)
         assert [r.status for r in again.results] == ["skipped"] * 12
+        # a task reserves its --threads CPUs: more than any node has is refused, not left pending
+        with pytest.raises(BatchError, match="--threads 2: no node of the Ray cluster has that many CPUs"):
+            batch(three_by_four(models, "ray-out"), ray=cluster.address, threads=2, force=True)
     finally:
         ray.shutdown()
         cluster.shutdown()

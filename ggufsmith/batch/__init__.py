@@ -22,16 +22,23 @@ __all__ = ["batch", "BatchPlan", "BatchReport", "OutputResult", "SourceSpec", "l
 
 
 def batch(plan: str | Path | BatchPlan, *, force: bool = False, jobs: int | None = None,
-          max_memory: int | str | None = None, ray: bool | str = False, progress: bool = False) -> BatchReport:
+          max_memory: int | str | None = None, ray: bool | str = False, progress: bool = False,
+          threads: int | None = None) -> BatchReport:
     """Run every source of `plan`; never raises for a failing source (see the report's `failed`).
 
     `jobs`/`max_memory` (bytes or "8GiB") bound the local worker processes (default: the plan's,
     else the cores); `ray` runs one task per source on Ray (True: a local cluster, or an address).
+    `threads`: the conversion threads of each source (default: locally the cores shared out between
+    the workers, on Ray 1); locally, `jobs` then defaults to the cores divided by it, and on Ray each
+    task reserves that many CPUs. The files are the same for any value.
     `progress` shows a bar over all outputs on stderr."""
     from tqdm import tqdm
 
     from ggufsmith.batch.local import run_local, worker_count
+    from ggufsmith.converters.workers import resolve_workers
 
+    if threads is not None:
+        threads = resolve_workers(threads)  # a bad value is refused before anything runs
     if not isinstance(plan, BatchPlan):
         plan = load_plan(plan)
     budget = parse_size(max_memory, "--max-memory") if max_memory is not None else plan.max_memory
@@ -44,10 +51,11 @@ def batch(plan: str | Path | BatchPlan, *, force: bool = False, jobs: int | None
         if ray:
             from ggufsmith.batch.ray_backend import run_ray
 
-            finished = run_ray(plan.sources, force=force, address=ray if isinstance(ray, str) else None)
+            finished = run_ray(plan.sources, force=force, address=ray if isinstance(ray, str) else None,
+                               threads=threads or 1)
         else:
-            workers = worker_count(plan.sources, jobs or plan.jobs, budget)
-            finished = run_local(plan.sources, force=force, workers=workers, on_progress=partial.add)
+            workers = worker_count(plan.sources, jobs or plan.jobs, budget, threads)
+            finished = run_local(plan.sources, force=force, workers=workers, on_progress=partial.add, threads=threads)
         for results in finished:
             report.results.extend(results)
             partial.settle(len(results))

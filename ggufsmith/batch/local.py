@@ -33,19 +33,22 @@ def threads_per_worker(workers: int) -> int:
     return max(1, available_cores() // workers)
 
 
-def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | None) -> int:
-    count = jobs or available_cores()
+def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | None, threads: int | None = None) -> int:
+    """Sources converted at once: `jobs`, else the cores (divided by `threads` when each source
+    converts on that many), within `max_memory` and the number of sources."""
+    count = jobs or (max(1, available_cores() // threads) if threads else available_cores())
     if max_memory is not None:
-        need = max(memory_per_source(s, threads_per_worker(count)) for s in specs)
+        need = max(memory_per_source(s, threads or threads_per_worker(count)) for s in specs)
         count = min(count, max(1, max_memory // need))
     return max(1, min(count, len(specs)))
 
 
 def run_local(specs: list[SourceSpec], *, force: bool, workers: int,
-              on_progress: Callable[[float], None] | None = None) -> Iterator[list[OutputResult]]:
+              on_progress: Callable[[float], None] | None = None, threads: int | None = None) -> Iterator[list[OutputResult]]:
     """Each source's results as it finishes (in this process when `workers` is 1, reporting its
-    progress through `on_progress` as run_source does)."""
-    threads = threads_per_worker(workers)
+    progress through `on_progress` as run_source does), each converted on `threads` threads (by
+    default the cores shared out between the workers)."""
+    threads = threads or threads_per_worker(workers)
     if workers == 1:
         for spec in specs:
             yield run_source(spec, force=force, on_progress=on_progress, threads=threads)

@@ -19,7 +19,10 @@ from ggufsmith.errors import BatchError
 MAX_RETRIES = 3
 
 
-def run_ray(specs: list[SourceSpec], *, force: bool, address: str | None) -> Iterator[list[OutputResult]]:
+def run_ray(specs: list[SourceSpec], *, force: bool, address: str | None, threads: int = 1) -> Iterator[list[OutputResult]]:
+    """Each source's results as its task finishes. A task reserves `threads` CPUs and converts on
+    that many threads: Ray places tasks by the CPUs they reserve, so a task that used every core of
+    its node would share them with as many other tasks as the node has cores."""
     try:
         import ray
     except ImportError:
@@ -29,8 +32,12 @@ def run_ray(specs: list[SourceSpec], *, force: bool, address: str | None) -> Ite
         ray.init(address=address or None, log_to_driver=False, logging_level="ERROR",
                  runtime_env={"env_vars": {"PYTHONPATH": _package_root()}} if address is None else None)
     try:
-        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_convert_source)
-        pending = {task.remote(spec, force): spec for spec in specs}
+        largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=0)
+        if threads > largest:  # Ray would keep such tasks pending, silently, until a node that size joined
+            raise BatchError(f"--threads {threads}: no node of the Ray cluster has that many CPUs (the largest has "
+                             f"{largest:g}); give at most {int(largest)}")
+        task = ray.remote(num_cpus=threads, max_retries=MAX_RETRIES)(_convert_source)
+        pending = {task.remote(spec, force, threads): spec for spec in specs}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             spec = pending.pop(done[0])
@@ -44,8 +51,8 @@ def run_ray(specs: list[SourceSpec], *, force: bool, address: str | None) -> Ite
             ray.shutdown()
 
 
-def _convert_source(spec: SourceSpec, force: bool) -> list[OutputResult]:
-    return run_source(spec, force=force)
+def _convert_source(spec: SourceSpec, force: bool, threads: int) -> list[OutputResult]:
+    return run_source(spec, force=force, threads=threads)
 
 
 def _package_root() -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ggufsmith.cli.quantize import threads_arg
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", metavar="PLAN", help="plan file (.yaml/.yml or .toml): sources, output types, output folder")
@@ -16,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
                         help="one task per source on a Ray cluster (ADDRESS, e.g. ray://head:10001; without it a local "
                              "Ray); outputs must be on a path all nodes share. Needs pip install 'ggufsmith[ray]'")
+    parser.add_argument("--threads", "-t", type=threads_arg, default=0, metavar="N",
+                        help="conversion threads of each source (default: locally the cores shared out between the "
+                             "--jobs workers, which then default to the cores divided by N; on Ray 1, the CPUs each "
+                             "task reserves); the files are the same for any N")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a table")
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -25,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan)  # a bad plan is one error line before anything runs
     report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray,
-                   progress=not args.quiet and not args.json)
+                   progress=not args.quiet and not args.json, threads=args.threads or None)
     print(report.to_json() if args.json else report.table())
     for source, lines in report.warnings().items():
         for line in lines:
