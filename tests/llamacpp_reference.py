@@ -14,13 +14,18 @@ run), fetched once with pip and cached. Locally the tests that need it are skipp
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,36 +130,22 @@ def lora_converter() -> Path:
     return _extracted(target, (script,), (script,)) / script
 
 
-# convert_lora_to_gguf.py run once per outtype in one Python process (importing torch is most of a run).
-_CONVERT_LORA_EACH_OUTTYPE = """
-import runpy, sys
-
-script, conversion_dir, adapter_dir, base_dir, out_dir, *outtypes = sys.argv[1:]
-sys.path.insert(0, conversion_dir)
-for outtype in outtypes:
-    # no out_dir: no --outfile, the script names the file in the adapter's folder
-    outfile = ["--outfile", f"{out_dir}/reference-lora-{outtype}.gguf"] if out_dir else []
-    sys.argv = [script, adapter_dir, "--base", base_dir, *outfile, "--outtype", outtype]
-    runpy.run_path(script, run_name="__main__")
-"""
-
-
 def reference_lora_conversions(adapter_dir: Path, base_dir: Path, out_dir: Path,
                                outtypes: tuple[str, ...]) -> dict[str, Path]:
     """outtype -> convert_lora_to_gguf.py's GGUF of the PEFT adapter `adapter_dir` on `base_dir`
-    (out_dir/reference-lora-<outtype>.gguf), all made in one Python process."""
+    (out_dir/reference-lora-<outtype>.gguf), each run as run_reference_script runs it."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    script = lora_converter()
-    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(script), str(reference_dir()), str(adapter_dir),
-          str(base_dir), str(out_dir), *outtypes], adapter_dir, timeout=1800)
-    return {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
+    files = {outtype: Path(out_dir) / f"reference-lora-{outtype}.gguf" for outtype in outtypes}
+    for outtype, outfile in files.items():
+        _run_or_fail([str(adapter_dir), "--base", str(base_dir), "--outfile", str(outfile), "--outtype", outtype],
+                     adapter_dir, script=lora_converter())
+    return files
 
 
 def reference_lora_default_outputs(adapter_dir: Path, base_dir: Path, outtype: str) -> list[Path]:
     """The files convert_lora_to_gguf.py writes into the adapter's folder when given no --outfile."""
     before = set(Path(adapter_dir).iterdir())
-    _run([sys.executable, "-c", _CONVERT_LORA_EACH_OUTTYPE, str(lora_converter()), str(reference_dir()),
-          str(adapter_dir), str(base_dir), "", outtype], adapter_dir, timeout=1800)
+    _run_or_fail([str(adapter_dir), "--base", str(base_dir), "--outtype", outtype], adapter_dir, script=lora_converter())
     return sorted(set(Path(adapter_dir).iterdir()) - before)
 
 
@@ -170,45 +161,132 @@ def reference_env() -> dict[str, str]:
     return env
 
 
-def run_reference_converter(model_dir: Path, outfile: Path, outtype: str, *extra: str, timeout: float = 1800) -> Path:
-    """Run convert_hf_to_gguf.py on `model_dir`; returns `outfile`. Fails the test with its stderr tail."""
-    script = reference_dir() / "convert_hf_to_gguf.py"
-    cmd = [sys.executable, str(script), str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra]
-    _run(cmd, model_dir, timeout)
+def run_reference_converter(model_dir: Path, outfile: Path, outtype: str, *extra: str, timeout: float = 1800,
+                            pre: str | None = None) -> Path:
+    """Run convert_hf_to_gguf.py on `model_dir`; returns `outfile`. Fails the test with its stderr tail.
+    `pre`: the tokenizer.ggml.pre name the script is told (see reference_conversions)."""
+    _run_or_fail([str(model_dir), "--outfile", str(outfile), "--outtype", outtype, *extra], model_dir, pre=pre,
+                 timeout=timeout)
     return Path(outfile)
 
 
-def _run(cmd: list[str], model_dir: Path, timeout: float, env: dict[str, str] | None = None) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=reference_env() | (env or {}), timeout=timeout)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise AssertionError(f"convert_hf_to_gguf.py failed ({proc.returncode}) on {model_dir}:\n{tail}")
+def _run_or_fail(args: list[str], model_dir: Path, *, script: Path | None = None, pre: str | None = None,
+                 timeout: float = 1800) -> None:
+    status, output = run_reference_script(args, script=script, pre=pre, timeout=timeout)
+    if status != 0:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        name = Path(script).name if script else "convert_hf_to_gguf.py"
+        raise AssertionError(f"{name} failed ({status}) on {model_dir}:\n{tail}")
 
 
-# One process converting a model to several outtypes: most of a run's ~12 s is importing torch and
-# transformers, which this pays once. Each conversion is the script's own main() with the command
-# line it would get if run by itself.
-_CONVERT_EACH_OUTTYPE = """
-import os, sys
-from pathlib import Path
-
-script, model_dir, out_dir, *rest = sys.argv[1:]
-outtypes, extra = rest[:rest.index("--")], rest[rest.index("--") + 1:]
-sys.path.insert(0, str(Path(script).parent))
-import convert_hf_to_gguf
-if os.environ.get("GGUFSMITH_FORCE_PRE"):
-    import conversion.base
-    conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["GGUFSMITH_FORCE_PRE"]
-
-for outtype in outtypes:
-    # EmbeddingGemma keeps its Dense modules' paths in a class-level list that every run appends to:
-    # a fresh one per run, as a process of its own would have.
-    import conversion.gemma
-    conversion.gemma.EmbeddingGemma.module_paths = []
-    outfile = str(Path(out_dir) / f"reference-{outtype}.gguf")
-    sys.argv = [script, model_dir, "--outfile", outfile, "--outtype", outtype, *extra]
-    convert_hf_to_gguf.main()
+# The reference scripts' runs (convert_hf_to_gguf.py, convert_lora_to_gguf.py), each in a process
+# of its own that starts with torch, transformers and the script's modules already imported: this
+# server imports them once (~10 s, nearly all of a run on the tests' tiny models, which then takes
+# ~0.5 s) and forks a child per run, which runs the script as `python SCRIPT ARGS` would (as
+# __main__, with the caller's environment and working directory, its output to a log). Nothing a
+# run does reaches the next: each starts from the server's state, which has run no conversion.
+# FORCE_PRE (environment): the tokenizer.ggml.pre name convert_hf_to_gguf.py is told instead of
+# the one it finds by hashing a test text (which knows only published vocabularies).
+_CONVERTER_SERVER = r"""
+import json, os, runpy, sys, traceback
+answers = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)  # what the imports print stays out of the answers
+llama = sys.argv[1]
+sys.path[:0] = [llama, llama + "/gguf-py"]
+script = llama + "/convert_hf_to_gguf.py"
+runpy.run_path(script, run_name="__reference_imports__")
+# and what its runs import on first use (a tiny model's run: ~4 s of these, ~0.3 s of converting)
+import importlib
+for module in ("transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+               "transformers.models.auto.tokenization_auto", "accelerate", "sympy"):
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        pass
+import conversion.base as base
+_hashed_pre = base.TextModel.get_vocab_base_pre
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ.get("FORCE_PRE") or _hashed_pre(self, tokenizer)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            answers.close()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            os.chdir(job["cwd"])
+            os.environ.clear()
+            os.environ.update(job["env"])
+            sys.argv = [job["script"], *job["args"]]
+            try:
+                runpy.run_path(job["script"], run_name="__main__")
+                status = 0
+            except SystemExit as exit:
+                if isinstance(exit.code, str):
+                    print(exit.code, file=sys.stderr)
+                status = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    _, wait_status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(wait_status), file=answers, flush=True)
 """
+
+_server: list = []  # [subprocess.Popen, its stderr's file] while one runs
+_server_lock = threading.Lock()
+
+
+@atexit.register
+def _stop_server() -> None:
+    """End of the session: the server ends at the end of its input; waited for, so that its time
+    is counted in the session's."""
+    if _server:
+        server, server_log = _server
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        server_log.unlink(missing_ok=True)
+
+
+def run_reference_script(args: list[str], *, script: Path | None = None, pre: str | None = None,
+                         env: dict[str, str] | None = None, timeout: float = 1800) -> tuple[int, str]:
+    """`python SCRIPT ARGS` in a process of its own (see _CONVERTER_SERVER), with this process's
+    environment (and `env`) and working directory. SCRIPT: convert_hf_to_gguf.py unless given (a
+    script that imports the same modules: convert_lora_to_gguf.py); `pre`: the tokenizer.ggml.pre
+    name convert_hf_to_gguf.py is told. Returns (exit status, its stdout and stderr)."""
+    job_env = reference_env() | (env or {}) | {"FORCE_PRE": pre or ""}
+    script = str(script or reference_dir() / "convert_hf_to_gguf.py")
+    with _server_lock, tempfile.TemporaryDirectory() as tmp:
+        if not _server or _server[0].poll() is not None:
+            server_log = Path(tempfile.mkstemp(prefix="reference-server-", suffix=".log")[1])
+            with open(server_log, "w") as stderr:
+                _server[:] = [subprocess.Popen([sys.executable, "-c", _CONVERTER_SERVER, str(reference_dir())],
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                               env=reference_env(), text=True, start_new_session=True), server_log]
+        server, server_log = _server
+        log = Path(tmp) / "convert.log"
+        server.stdin.write(json.dumps({"script": script, "args": list(map(str, args)), "env": job_env, "cwd": os.getcwd(),
+                                       "log": str(log)}) + "\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], timeout)
+        answer = server.stdout.readline() if ready else ""
+        output = log.read_text(errors="replace") if log.exists() else ""
+        if not answer:  # timed out, or the server died
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+            _server.clear()
+            why = f"no answer in {timeout} s" if not ready else f"the server died: {server_log.read_text()[-2000:]}"
+            raise AssertionError(f"{Path(script).name} {' '.join(map(str, args))}: {why}\n{output[-3000:]}")
+        return int(answer), output
+
 
 _conversions: dict[tuple[Path, tuple[str, ...]], dict[str, Path]] = {}
 
@@ -217,18 +295,17 @@ def reference_conversions(model_dir: Path, out_dir: Path, outtypes: tuple[str, .
                           pre: str | None = None, extra: tuple[str, ...] = ()) -> dict[str, Path]:
     """outtype -> convert_hf_to_gguf.py's GGUF of `model_dir` (out_dir/reference-<outtype>.gguf).
 
-    Made once per test session for a given folder and outtypes, all in one Python process. `pre`:
+    Made once per test session for a given folder and outtypes (run_reference_script). `pre`:
     the tokenizer.ggml.pre name the script is told, for a tokenizer it cannot name (it names them
     by hashing the tokens of a test text, which knows only published vocabularies). `extra`: more
     options for the script (--bigendian, ...); give each set of options its own out_dir."""
     key = (Path(model_dir).resolve(), tuple(outtypes), tuple(extra))
     if key not in _conversions:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
-        script = reference_dir() / "convert_hf_to_gguf.py"
-        env = {"GGUFSMITH_FORCE_PRE": pre or ""}
-        _run([sys.executable, "-c", _CONVERT_EACH_OUTTYPE, str(script), str(model_dir), str(out_dir), *outtypes, "--", *extra],
-             model_dir, timeout=1800, env=env)
-        _conversions[key] = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
+        files = {outtype: Path(out_dir) / f"reference-{outtype}.gguf" for outtype in outtypes}
+        for outtype, outfile in files.items():
+            run_reference_converter(model_dir, outfile, outtype, *extra, pre=pre)
+        _conversions[key] = files
     return _conversions[key]
 
 
@@ -239,13 +316,14 @@ def gguf_contents(path: Path) -> tuple[dict, dict]:
     tokenizer, whose precompiled_charsmap is an array of ~240K bytes. The session's converted
     files are read by several tests, so each file is parsed once, and again only if it changed (a
     rewrite renames a new file into place: a new inode). The dicts are copies; their values are
-    shared with the cache and must not be modified."""
+    shared with the cache and must not be modified. 64 files: test_arch_bert.py alone compares ~40
+    (with 16 its models' f32 files were parsed twice, ~6 s each)."""
     stat = Path(path).stat()
     fields, tensors = _parsed_contents(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     return dict(fields), dict(tensors)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
 def _parsed_contents(path: str, inode: int, size: int, mtime_ns: int) -> tuple[dict, dict]:
     import gguf
     import numpy as np

@@ -60,16 +60,37 @@ def preset_cases(cases: list[tuple[str, bool]]):
                                    ids=[f"{p}-{'imatrix' if i else 'plain'}" for p, i in cases])
 
 
+_llama_quantized: dict[tuple, Path] = {}
+
+
+def llama_quantized(models, imatrices, tmp_path, model, preset, with_imatrix) -> Path:
+    """llama_model_quantize's file of the model's F32 file at `preset` (with the model's importance
+    matrix as llama-quantize hands it over), made once per session for a given F32 file (its path,
+    inode and mtime) and request: the quantize and `convert --outtype` tests of a preset compare
+    with the same file. Made (and its status checked) in the first asking test's tmp_path."""
+    _, f32 = models[model]
+    stat = Path(f32).stat()
+    imatrix = str(imatrices[model][0]) if with_imatrix else None
+    key = (str(Path(f32).resolve()), stat.st_ino, stat.st_mtime_ns, preset, imatrix)
+    if key not in _llama_quantized:
+        theirs = tmp_path / f"theirs-{preset}{'-imatrix' if with_imatrix else ''}.gguf"
+        if with_imatrix:
+            _, values, overrides = imatrices[model]
+            assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
+        else:
+            assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
+        _llama_quantized[key] = theirs
+    return _llama_quantized[key]
+
+
 def check_quantize(models, imatrices, tmp_path, model, preset, with_imatrix):
     """`ggufsmith quantize` of the model's F32 file is llama-quantize's file byte for byte."""
     _, f32 = models[model]
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
+    theirs, ours = llama_quantized(models, imatrices, tmp_path, model, preset, with_imatrix), tmp_path / "ours.gguf"
     if with_imatrix:
-        path, values, overrides = imatrices[model]
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
+        path, _, _ = imatrices[model]
         quantize_gguf(f32, ours, QuantizeRequest(preset, imatrix=read_imatrix(path)))
     else:
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
         quantize_gguf(f32, ours, preset)
     assert_same_file(ours, theirs)
 
@@ -80,14 +101,8 @@ def check_convert_preset(models, imatrices, tmp_path, model, preset, with_imatri
     import llama_cpp
 
     model_dir, f32 = models[model]
-    theirs, ours = tmp_path / "theirs.gguf", tmp_path / "ours.gguf"
-    kwargs = {}
-    if with_imatrix:
-        path, values, overrides = imatrices[model]
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type, imatrix=values, kv_overrides=overrides) == 0
-        kwargs["imatrix"] = str(path)
-    else:
-        assert llama_quantize(f32, theirs, get_preset(preset).file_type) == 0
+    theirs, ours = llama_quantized(models, imatrices, tmp_path, model, preset, with_imatrix), tmp_path / "ours.gguf"
+    kwargs = {"imatrix": str(imatrices[model][0])} if with_imatrix else {}
     ggufsmith.convert(model_dir, ours, preset.lower(), **kwargs)
     if preset.lower() in OUTTYPES:
         # f32/f16/bf16/q8_0 keep convert_hf_to_gguf.py's meaning (its tensor order and metadata);

@@ -108,27 +108,8 @@ def test_same_as_convert_hf_to_gguf(mamba_dir, tmp_path):
 
 # llama.cpp's converter names a BPE pre-tokenizer by hashing known tokenizers' output, so it
 # refuses a tokenizer trained here; tell it the name (our exporter's choice is tested elsewhere).
-_RUNNER = """
-import runpy, sys
-llama, pre = sys.argv.pop(1), sys.argv.pop(1)
-sys.path[:0] = [llama, llama + "/gguf-py"]
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-sys.argv[0] = llama + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def _run_reference_with_pre(reference, model_dir, out, pre: str) -> None:
-    import subprocess
-    import sys
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(reference.reference_dir()), pre, str(model_dir), "--outfile", str(out),
-         "--outtype", "f32"],
-        capture_output=True, text=True, env=reference.reference_env(), timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    reference.run_reference_converter(model_dir, out, "f32", pre=pre, timeout=600)
 
 
 @pytest.mark.parametrize("mamba_dir", ["mamba"], indirect=True)  # the loader knows Mamba, not Mamba-2

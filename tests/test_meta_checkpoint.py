@@ -21,15 +21,13 @@ Llama 3.1's.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.family_models import hf_logits, llamacpp_logits, relative_error
-from tests.llamacpp_reference import legacy_converter, reference_env
+from tests.llamacpp_reference import legacy_converter, run_reference_script
 from tests.meta_models import LAYOUTS, make_hf_llama, write_header_only_meta_folder, write_meta_folder
 
 torch = pytest.importorskip("torch")
@@ -115,9 +113,9 @@ def test_llamacpp_legacy_converter_gives_the_same_tensors(models, outtype, tmp_p
     use_scaled_rope), so it cannot read Llama 3's."""
     _, meta_dir = models["llama2"]
     theirs = tmp_path / "legacy.gguf"
-    proc = subprocess.run([sys.executable, str(legacy_converter()), str(meta_dir), "--outfile", str(theirs),
-                           "--outtype", outtype], capture_output=True, text=True, env=reference_env(), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    status, output = run_reference_script([str(meta_dir), "--outfile", str(theirs), "--outtype", outtype],
+                                          script=legacy_converter(), timeout=600)
+    assert status == 0, output[-2000:]
     ours = tensors_of(convert(meta_dir, tmp_path / "ours.gguf", outtype))
     reference = tensors_of(theirs)
     assert sorted(ours) == sorted(reference)

@@ -10,9 +10,6 @@ other key is its own. The differences that remain are the deliberate ones listed
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -20,21 +17,10 @@ import pytest
 import torch
 
 from ggufsmith.tokenizer import export_tokenizer
-from tests.llamacpp_reference import reference_dir
+from tests.llamacpp_reference import run_reference_converter
 from tests.tokenizer_helpers import train_bpe, train_sentencepiece
 
 pytestmark = pytest.mark.slow
-
-_RUNNER = """
-import os, runpy, sys
-llama = sys.argv.pop(1)
-sys.path[:0] = [llama, llama + "/gguf-py"]
-import conversion.base as base
-if os.environ.get("FORCE_PRE"):
-    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ["FORCE_PRE"]
-sys.argv[0] = llama + "/convert_hf_to_gguf.py"
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
 
 # Keys only we write, and why:
 #  eot/eom/fim_*: llama.cpp finds these by text at load time; we write the same ids explicitly.
@@ -64,11 +50,7 @@ def _tiny_model(model_dir: Path, vocab_size: int) -> None:
 
 
 def _reference_keys(model_dir: Path, out: Path, pre: str | None) -> dict:
-    env = dict(os.environ, FORCE_PRE=pre or "")
-    subprocess.run(
-        [sys.executable, "-c", _RUNNER, str(reference_dir()), str(model_dir), "--outfile", str(out), "--outtype", "f32"],
-        check=True, env=env, capture_output=True, timeout=300,
-    )
+    run_reference_converter(model_dir, out, "f32", pre=pre, timeout=300)
     reader = gguf.GGUFReader(out)
     return {f.name: f.contents() for f in reader.fields.values() if f.name.startswith("tokenizer.")}
 
