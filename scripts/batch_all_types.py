@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ggufsmith.batch import batch
 from ggufsmith.batch.plan import plan_from_dict
+from ggufsmith.cli.quantize import threads_arg
 
 # What model publishers usually put up: full precision, 8 bits, and the usual k-quant mixes.
 STANDARD_TYPES = "f16,bf16,q8_0,q6_k,q5_k_m,q5_k_s,q4_k_m,q4_k_s,q3_k_m,q4_0"
@@ -29,8 +30,8 @@ def main() -> int:
     parser.add_argument("--imatrix", type=Path)
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--ray", nargs="?", const=True, default=False)
-    parser.add_argument("--threads", type=int, help="conversion threads per source (default: the cores shared out "
-                        "locally, 1 per Ray task; see docs/batch.md)")
+    parser.add_argument("--threads", type=threads_arg, default=0, help="conversion threads per source (default: "
+                        "the cores shared out locally, 1 per Ray task; see docs/batch.md)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -39,7 +40,7 @@ def main() -> int:
         source["imatrix"] = str(args.imatrix.resolve())
     source["outtypes"] = args.types.split(",")
     plan = plan_from_dict({"output_dir": str(args.out_dir.resolve()), "sources": [source]}, Path.cwd() / "(command line)")
-    report = batch(plan, force=args.force, ray=args.ray, progress=not args.json, threads=args.threads)
+    report = batch(plan, force=args.force, ray=args.ray, progress=not args.json, threads=args.threads or None)
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ggufsmith.batch import batch
 from ggufsmith.batch.plan import plan_from_dict
+from ggufsmith.cli.quantize import threads_arg
 
 
 def main() -> int:
@@ -26,8 +27,8 @@ def main() -> int:
     parser.add_argument("--max-memory")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--ray", nargs="?", const=True, default=False)
-    parser.add_argument("--threads", type=int, help="conversion threads per source (default: the cores shared out "
-                        "locally, 1 per Ray task; see docs/batch.md)")
+    parser.add_argument("--threads", type=threads_arg, default=0, help="conversion threads per source (default: "
+                        "the cores shared out locally, 1 per Ray task; see docs/batch.md)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -38,7 +39,7 @@ def main() -> int:
     plan = plan_from_dict({"output_dir": str(args.out_dir.resolve()), "defaults": {"outtypes": args.types.split(",")},
                            "sources": [{"path": str(p)} for p in folders]}, args.models_dir.resolve() / "(folder)")
     report = batch(plan, force=args.force, jobs=args.jobs, max_memory=args.max_memory, ray=args.ray, progress=not args.json,
-                   threads=args.threads)
+                   threads=args.threads or None)
     print(report.to_json() if args.json else report.table())
     return 0 if report.ok else 1
 

@@ -28,9 +28,10 @@ def memory_per_source(spec: SourceSpec, threads: int) -> int:
     return BASE_MEMORY + lookahead_bytes(threads) + len(spec.outtypes) * per_file
 
 
-def threads_per_worker(workers: int) -> int:
-    """Conversion threads of each worker: the cores shared out, so that workers do not fight over them."""
-    return max(1, available_cores() // workers)
+def threads_per_worker(workers: int, threads: int | None = None) -> int:
+    """Conversion threads of each worker: `threads` if given, else the cores shared out, so that
+    workers do not fight over them."""
+    return threads or max(1, available_cores() // workers)
 
 
 def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | None, threads: int | None = None) -> int:
@@ -38,7 +39,7 @@ def worker_count(specs: list[SourceSpec], jobs: int | None, max_memory: int | No
     converts on that many), within `max_memory` and the number of sources."""
     count = jobs or (max(1, available_cores() // threads) if threads else available_cores())
     if max_memory is not None:
-        need = max(memory_per_source(s, threads or threads_per_worker(count)) for s in specs)
+        need = max(memory_per_source(s, threads_per_worker(count, threads)) for s in specs)
         count = min(count, max(1, max_memory // need))
     return max(1, min(count, len(specs)))
 
@@ -48,7 +49,7 @@ def run_local(specs: list[SourceSpec], *, force: bool, workers: int,
     """Each source's results as it finishes (in this process when `workers` is 1, reporting its
     progress through `on_progress` as run_source does), each converted on `threads` threads (by
     default the cores shared out between the workers)."""
-    threads = threads or threads_per_worker(workers)
+    threads = threads_per_worker(workers, threads)
     if workers == 1:
         for spec in specs:
             yield run_source(spec, force=force, on_progress=on_progress, threads=threads)
