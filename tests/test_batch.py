@@ -163,6 +163,25 @@ def test_bad_threads_is_refused_before_anything_runs(models):
     assert not (models / "bad-threads").exists()
 
 
+def test_the_plans_threads_reach_each_source_and_the_flag_wins(models, monkeypatch):
+    """A plan's `threads` is each source's conversion threads (as --threads), --threads/threads= wins."""
+    from ggufsmith.batch import local
+
+    seen = []
+    convert_source = local.run_source  # the real conversion, its threads recorded on the way
+    monkeypatch.setattr(local, "run_source", lambda spec, **kw: seen.append(kw["threads"]) or convert_source(spec, **kw))
+    plan = models / "plan-threads.yaml"
+    plan.write_text("output_dir: plan-threads-out\njobs: 1\nthreads: 1\nsources:\n  - path: models/llama-b\n"
+                    "    outtypes: [q8_0]\n")
+    report = batch(plan)
+    assert report.ok and seen == [1]
+    assert Path(report.results[0].file).read_bytes() == reference(models, "llama-b", "q8_0")
+    assert batch(plan, threads=2, force=True).ok and seen == [1, 2]
+    plan.write_text(plan.read_text().replace("threads: 1", "threads: 0"))
+    with pytest.raises(BatchError, match=r"plan-threads.yaml: `threads` must be a whole number of at least 1, got 0"):
+        load_plan(plan)
+
+
 @pytest.mark.slow
 def test_toml_plan_names_by_pattern_and_spills_to_disk(models, monkeypatch):
     """A TOML plan with a name pattern, explicit names and preset options; early tensors of the f16 file

@@ -31,7 +31,7 @@ PRESET_OPTIONS = ("pure", "output_tensor_type", "token_embedding_type", "leave_o
 # Keys a source may have; all but path/repo/revision/download may also be given under `defaults`.
 SOURCE_KEYS = ("path", "repo", "revision", "download", "outtypes", "imatrix", "arch", "model_name", "metadata",
                "options", "output_dir", "name_pattern", "outputs", "split_max_size", "split_max_tensors")
-TOP_KEYS = ("output_dir", "name_pattern", "max_memory", "jobs", "defaults", "sources")
+TOP_KEYS = ("output_dir", "name_pattern", "max_memory", "jobs", "threads", "defaults", "sources")
 # Fields a name pattern may use (docs/batch.md); missing ones are empty and their separators dropped.
 PATTERN_FIELDS = ("basename", "size_label", "finetune", "version", "type", "name", "source")
 
@@ -78,6 +78,7 @@ class BatchPlan:
     sources: list[SourceSpec]
     max_memory: int | None = None
     jobs: int | None = None
+    threads: int | None = None  # conversion threads of each source
 
     @property
     def n_outputs(self) -> int:
@@ -177,7 +178,8 @@ def plan_from_dict(data: dict[str, Any], path: Path) -> BatchPlan:
             _check_pattern(path, where, spec.name_pattern)
         sources.append(spec)
     plan = BatchPlan(path, sources, max_memory=parse_size(data.get("max_memory"), f"{path}: max_memory"),
-                     jobs=_optional_int(path, "jobs", data.get("jobs")))
+                     jobs=_optional_int(path, "jobs", data.get("jobs")),
+                     threads=_optional_int(path, "threads", data.get("threads")))
     return plan
 
 

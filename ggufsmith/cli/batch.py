@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one task per source on a Ray cluster (ADDRESS, e.g. ray://head:10001; without it a local "
                              "Ray); outputs must be on a path all nodes share. Needs pip install 'ggufsmith[ray]'")
     parser.add_argument("--threads", "-t", type=threads_arg, default=0, metavar="N",
-                        help="conversion threads of each source (default: locally the cores shared out between the "
+                        help="conversion threads of each source (default: the plan's `threads`, else locally the cores shared out between the "
                              "--jobs workers, which then default to the cores divided by N; on Ray 1, the CPUs each "
                              "task reserves); the files are the same for any N")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout instead of a table")

@@ -36,13 +36,14 @@ def prune_layers_arg(text: str) -> list[int]:
 
 
 def threads_arg(text: str) -> int:
-    """--threads N: a number of workers, 0 for every core this process may use."""
+    """--threads N: a number of threads, 0 for the command's default (every core this process may use,
+    or for `batch` the cores shared out between its workers)."""
     try:
         value = int(text)
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of workers (0 or none: every available core)")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of threads, or 0 for the default")
     return value
 
 
