@@ -172,6 +172,25 @@ def test_rejects_nan_and_inf(ggml_type):
     check_rejects_non_finite(ggml_type, np.nan, with_importance=True)
 
 
+@pytest.mark.parametrize("ggml_type", [GGMLType.IQ1_S, GGMLType.IQ1_M], ids=lambda t: t.name)
+def test_iq1_split_choice_matches_ggml_on_ties_and_extreme_sums(ggml_type):
+    """IQ1's choice among ~600-1100 split candidates compares only those near the best ratio, the
+    rest only where that cannot be shown to be ggml's answer: blocks of equal values (many
+    candidates with the same sums), two values or small integers (near ties between different sums),
+    and magnitudes whose products leave float32's normal range (the one-by-one comparison) must
+    all give ggml's bytes."""
+    rng = np.random.default_rng(7)
+    cases = {
+        "equal": np.full((4, 512), 1.0), "equal negative": np.full((4, 512), -3.5),
+        "two values": rng.choice([-1.0, 1.0], (4, 512)), "small integers": rng.integers(-2, 3, (4, 512)).astype(float),
+        "tiny": rng.standard_normal((4, 512)) * 1e-12, "large": rng.standard_normal((4, 512)) * 1e9,
+        "mixed scales": rng.standard_normal((4, 512)) * 10.0 ** rng.integers(-8, 8, (4, 512)),
+    }
+    for name, rows in cases.items():
+        for importance in (rng.lognormal(0, 1, 512).astype(np.float32), np.ones(512, np.float32)):
+            check_against_ggml(rows.astype(np.float32), ggml_type, importance, name)
+
+
 _GGML_ON_HUGE_VALUES = """
 import ctypes, sys
 import numpy as np

@@ -66,22 +66,97 @@ def _splits(block: int) -> tuple[np.ndarray, np.ndarray]:
 _I1, _I2 = _splits(BLOCK)
 
 
+# ggml's test `sumqx*sumqx > best*sumq2` rounds each side by a few float32 ulps (~6e-8 each): a
+# candidate whose ratio sumqx^2/sumq2 is below another's by more than _RATIO_GAP never passes it
+# against that one, and that one always passes it against the candidate.
+_RATIO_GAP = 1e-5
+# The candidates within this fraction of a block's largest ratio are the ones ggml may end on; a
+# block whose others are not _RATIO_GAP below them tries the next, wider fraction.
+_NEAR = (1e-4, 1e-3, 1e-2)
+# Blocks with more near candidates than this are compared one candidate at a time.
+_MAX_NEAR = 64
+# Products of sums outside this range may be subnormal or overflow in float32, where the ulp
+# bound fails: such blocks are compared one candidate at a time too.
+_SAFE_PRODUCTS = (1e-30, 1e30)
+
+
 def _first_best(sum_qx: np.ndarray, sum_q2: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml's choice among [splits, options, blocks] candidates, tried split by split and option by
     option: the first with the largest sum(w x q)^2 / sum(w q^2), compared as ggml compares.
-    Returns (found bool [blocks], split [blocks], option [blocks]), 0 where none was found."""
+    Returns (found bool [blocks], split [blocks], option [blocks]), 0 where none was found.
+
+    Candidates far below a block's largest ratio cannot be where ggml ends: when the near ones
+    (within _NEAR of it) are _RATIO_GAP above all others, the first near one passes ggml's test
+    against whatever came before and no other candidate passes it later, so only the near ones are
+    compared, in ggml's order and arithmetic (usually one sum, or equal sums). A loop over every
+    candidate (~600-1100 numpy calls on each block's vector) was a third of IQ1's time; it is left
+    for the rare blocks where that does not hold (non-finite or extreme sums, crowded near ties)."""
     n_splits, n_options, n_blocks = sum_qx.shape
-    best = np.full(n_blocks, -np.finfo(F32).max, dtype=F32)
-    winner = np.full(n_blocks, -1, dtype=np.int64)
-    for c in range(n_splits):
-        for k in range(n_options):
-            qx, q2 = sum_qx[c, k], sum_q2[c, k]
-            better = (q2 > 0) & (qx * qx > best * q2)
+    qx, q2 = sum_qx.reshape(-1, n_blocks), sum_q2.reshape(-1, n_blocks)  # ggml's order
+    winner = np.zeros(n_blocks, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        valid = q2 > 0
+        squared = qx * qx
+        ratio = squared / q2  # float32: a few ulps, far below _RATIO_GAP
+        if not valid.all():  # (np.where on a mask costs ~10 passes: only when needed)
+            ratio = np.where(valid, ratio, F32(-np.inf))
+        top = np.maximum.reduce(ratio, axis=0)
+        found = valid.any(axis=0)
+        # products in float32's normal range (see _SAFE_PRODUCTS); NaN anywhere fails these too
+        low, high = _SAFE_PRODUCTS
+        smallest_q2 = np.minimum.reduce(q2 if valid.all() else np.where(valid, q2, F32(np.inf)), axis=0)
+        usable = (top > 0) & (top * smallest_q2 > low) & (top * np.maximum.reduce(q2, axis=0) < high)
+        usable &= np.maximum.reduce(squared, axis=0) < high
+    pending = np.flatnonzero(usable)
+    for fraction in _NEAR:
+        if not pending.size:
+            break
+        everything = pending.size == n_blocks
+        r = ratio if everything else ratio[:, pending]
+        threshold = top[pending] * F32(1 - fraction)
+        near = r >= threshold
+        n_near = near.sum(axis=0)
+        # the others _RATIO_GAP below the near ones: nothing between threshold * (1 - gap) and it
+        apart = (np.count_nonzero(r >= threshold * F32(1 - _RATIO_GAP), axis=0) == n_near) & (n_near <= _MAX_NEAR)
+        done = pending[apart]
+        if done.size:
+            # each block's near candidates in ggml's order (nonzero lists them by candidate, a
+            # stable sort by block keeps that within each), shorter lists padded with their last
+            # (the same candidate again: equal sums, the same winner)
+            rows, cols = np.nonzero(near)
+            if not apart.all():  # (indexing the near columns of a mask first costs more)
+                keep = apart[cols]
+                rows, cols = rows[keep], (np.cumsum(apart) - 1)[cols[keep]]
+            n_near = n_near[apart]
+            by_block = np.argsort(cols, kind="stable")
+            rows, cols = rows[by_block], cols[by_block]
+            place = np.arange(rows.size) - np.repeat(np.cumsum(n_near) - n_near, n_near)
+            k = int(n_near.max())
+            listed = np.zeros((k, done.size), dtype=np.intp)
+            listed[place, cols] = rows
+            listed = np.take_along_axis(listed, np.minimum(np.arange(k)[:, None], n_near - 1), axis=0)
+            flat = listed * n_blocks + done  # index into the [candidates, blocks] arrays, flattened
+            _, row = _first_best_in_turn(qx.reshape(-1).take(flat), q2.reshape(-1).take(flat))
+            winner[done] = listed[row, np.arange(done.size)]
+        pending = pending[~apart]
+    rest = np.union1d(np.flatnonzero(found & ~usable), pending)
+    if rest.size:
+        _, winner[rest] = _first_best_in_turn(qx[:, rest], q2[:, rest])
+    return found, winner // n_options, winner % n_options
+
+
+def _first_best_in_turn(qx: np.ndarray, q2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's loop over the candidates [candidates, blocks] itself, from best = -FLT_MAX:
+    (found [blocks], the winning row [blocks], 0 where none)."""
+    best = np.full(qx.shape[1], -np.finfo(F32).max, dtype=F32)
+    winner = np.full(qx.shape[1], -1, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        for c in range(qx.shape[0]):
+            better = (q2[c] > 0) & (qx[c] * qx[c] > best * q2[c])
             if better.any():
-                best = np.where(better, (qx / q2) * qx, best)
-                winner = np.where(better, n_options * c + k, winner)
-    w = np.maximum(winner, 0)
-    return winner >= 0, w // n_options, w % n_options
+                best = np.where(better, (qx[c] / q2[c]) * qx[c], best)
+                winner = np.where(better, c, winner)
+    return winner >= 0, np.maximum(winner, 0)
 
 
 def _levels_of_split(order: np.ndarray, i1: np.ndarray, i2: np.ndarray) -> np.ndarray:
