@@ -29,8 +29,8 @@ def batch(plan: str | Path | BatchPlan, *, force: bool = False, jobs: int | None
     `jobs`/`max_memory` (bytes or "8GiB") bound the local worker processes (default: the plan's,
     else the cores); `ray` runs one task per source on Ray (True: a local cluster, or an address).
     `threads`: the conversion threads of each source (default: the plan's `threads`, else locally the
-    cores shared out between the workers, on Ray 1); locally, `jobs` then defaults to the cores divided by it, and on Ray each
-    task reserves that many CPUs. The files are the same for any value.
+    cores shared out between the workers, on Ray 1); locally, `jobs` then defaults to the cores
+    divided by it, and on Ray each task reserves that many CPUs. The files are the same for any value.
     `progress` shows a bar over all outputs on stderr."""
     from tqdm import tqdm
 

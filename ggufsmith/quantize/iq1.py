@@ -96,15 +96,16 @@ def _first_best(sum_qx: np.ndarray, sum_q2: np.ndarray) -> tuple[np.ndarray, np.
     winner = np.zeros(n_blocks, dtype=np.int64)
     with np.errstate(all="ignore"):
         valid = q2 > 0
+        all_valid = bool(valid.all())
         squared = qx * qx
         ratio = squared / q2  # float32: a few ulps, far below _RATIO_GAP
-        if not valid.all():  # (np.where on a mask costs ~10 passes: only when needed)
+        if not all_valid:  # (np.where on a mask costs ~10 passes: only when needed)
             ratio = np.where(valid, ratio, F32(-np.inf))
         top = np.maximum.reduce(ratio, axis=0)
         found = valid.any(axis=0)
         # products in float32's normal range (see _SAFE_PRODUCTS); NaN anywhere fails these too
         low, high = _SAFE_PRODUCTS
-        smallest_q2 = np.minimum.reduce(q2 if valid.all() else np.where(valid, q2, F32(np.inf)), axis=0)
+        smallest_q2 = np.minimum.reduce(q2 if all_valid else np.where(valid, q2, F32(np.inf)), axis=0)
         usable = (top > 0) & (top * smallest_q2 > low) & (top * np.maximum.reduce(q2, axis=0) < high)
         usable &= np.maximum.reduce(squared, axis=0) < high
     pending = np.flatnonzero(usable)
@@ -136,18 +137,18 @@ def _first_best(sum_qx: np.ndarray, sum_q2: np.ndarray) -> tuple[np.ndarray, np.
             listed[place, cols] = rows
             listed = np.take_along_axis(listed, np.minimum(np.arange(k)[:, None], n_near - 1), axis=0)
             flat = listed * n_blocks + done  # index into the [candidates, blocks] arrays, flattened
-            _, row = _first_best_in_turn(qx.reshape(-1).take(flat), q2.reshape(-1).take(flat))
+            row = _first_best_in_turn(qx.reshape(-1).take(flat), q2.reshape(-1).take(flat))
             winner[done] = listed[row, np.arange(done.size)]
         pending = pending[~apart]
     rest = np.union1d(np.flatnonzero(found & ~usable), pending)
     if rest.size:
-        _, winner[rest] = _first_best_in_turn(qx[:, rest], q2[:, rest])
+        winner[rest] = _first_best_in_turn(qx[:, rest], q2[:, rest])
     return found, winner // n_options, winner % n_options
 
 
-def _first_best_in_turn(qx: np.ndarray, q2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ggml's loop over the candidates [candidates, blocks] itself, from best = -FLT_MAX:
-    (found [blocks], the winning row [blocks], 0 where none)."""
+def _first_best_in_turn(qx: np.ndarray, q2: np.ndarray) -> np.ndarray:
+    """ggml's loop over the candidates [candidates, blocks] itself, from best = -FLT_MAX: the
+    winning row of each block, 0 where none wins (the caller knows which blocks have a candidate)."""
     best = np.full(qx.shape[1], -np.finfo(F32).max, dtype=F32)
     winner = np.full(qx.shape[1], -1, dtype=np.int64)
     with np.errstate(all="ignore"):
@@ -156,7 +157,7 @@ def _first_best_in_turn(qx: np.ndarray, q2: np.ndarray) -> tuple[np.ndarray, np.
             if better.any():
                 best = np.where(better, (qx[c] / q2[c]) * qx[c], best)
                 winner = np.where(better, c, winner)
-    return winner >= 0, np.maximum(winner, 0)
+    return np.maximum(winner, 0)
 
 
 def _levels_of_split(order: np.ndarray, i1: np.ndarray, i2: np.ndarray) -> np.ndarray:
